@@ -1,0 +1,29 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Each creates .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CONSTRAINTS := requirements/constraints-cpu.txt
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev]' 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+	$(BIN)/python -c "import lightning_scale, torch, lightning, torchdata, s3fs, moto" 
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/spot_demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check lightning_scale tests examples benchmarks
+	$(BIN)/ruff format --check lightning_scale tests examples benchmarks
+
+test: lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) runs demo_run

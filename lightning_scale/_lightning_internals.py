@@ -1,0 +1,100 @@
+"""The one place where lightning-scale touches private parts of Lightning.
+
+Lightning 2.6 offers no public hook for three things exact resumption needs; each is wrapped here, and
+``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
+
+1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
+   but ``Trainer.fit`` resolves ``ckpt_path`` before the strategy sets up);
+2. running code right before the fit loop creates the training iterator (sampler epoch and per-rank loader state
+   must be in place before ``iter()``, which already draws sampler indices);
+3. the layout of Lightning's own loader state in a checkpoint (written by rank 0 only, then loaded into every rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+__all__ = [
+    "CHECKPOINT_FIT_LOOP_KEYS",
+    "before_train_iterator",
+    "consumed_batches_in_epoch",
+    "drop_lightning_loader_state",
+    "is_last_batch_of_epoch",
+    "restore_from_when_unset",
+    "train_loaders",
+    "unrepeatable_shuffle",
+]
+
+CHECKPOINT_FIT_LOOP_KEYS = ("loops", "fit_loop", "state_dict")
+
+
+def restore_from_when_unset(trainer: pl.Trainer, choose: Callable[[], str | None]) -> None:
+    """Make this fit restore ``choose()`` when it was started without ``ckpt_path``.
+
+    ``choose`` runs on every rank at the moment Lightning restores a checkpoint (after ``setup`` and
+    ``configure_model``, so collectives and the model's parameters are available). An explicit ``ckpt_path``
+    always wins and ``choose`` is not called.
+    """
+    connector = trainer._checkpoint_connector
+    original = connector.resume_start
+
+    def resume_start(checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
+        del connector.resume_start  # one-shot: the class method is visible again
+        if not checkpoint_path:
+            checkpoint_path = choose()
+        original(checkpoint_path, weights_only)
+
+    connector.resume_start = resume_start
+
+
+def before_train_iterator(trainer: pl.Trainer, fn: Callable[[list[Any]], None]) -> None:
+    """Call ``fn(train_loaders)`` after Lightning loads loader states and before it creates the train iterator."""
+    fit_loop = trainer.fit_loop
+    original = type(fit_loop)._load_combined_loader_states
+
+    def load_then_call() -> None:
+        original(fit_loop)
+        if fit_loop._combined_loader is not None:
+            fn(list(fit_loop._combined_loader.flattened))
+
+    fit_loop._load_combined_loader_states = load_then_call
+
+
+def train_loaders(trainer: pl.Trainer) -> list[Any]:
+    """The training dataloaders of the running fit, flattened; empty before the fit loop set them up."""
+    combined = trainer.fit_loop._combined_loader
+    return [] if combined is None else list(combined.flattened)
+
+
+def consumed_batches_in_epoch(trainer: pl.Trainer) -> int:
+    """Batches the training loop has taken from the loader in the current epoch."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+
+
+def is_last_batch_of_epoch(trainer: pl.Trainer) -> bool:
+    """Whether the batch just consumed was the epoch's last one (so a resume starts the next epoch)."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
+def drop_lightning_loader_state(checkpoint: dict[str, Any]) -> None:
+    """Remove Lightning's own loader state (rank 0's, which every rank would load) from a checkpoint dict."""
+    node: Any = checkpoint
+    for key in CHECKPOINT_FIT_LOOP_KEYS:
+        node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop("combined_loader", None)
+
+
+def unrepeatable_shuffle(loader: Any) -> bool:
+    """Whether Lightning wrapped the loader's random sampler in its stateless ``DistributedSamplerWrapper``."""
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(sampler, DistributedSamplerWrapper):
+        return False
+    inner = getattr(sampler.dataset, "_sampler", None)
+    return isinstance(getattr(inner, "generator", None), torch.Generator) or "Random" in type(inner).__name__

@@ -1,0 +1,6 @@
+"""Lightning callbacks of lightning-scale."""
+
+from lightning_scale.callbacks.data_state import DataStateCheckpoint
+from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
+
+__all__ = ["DataStateCheckpoint", "ResumableCheckpoint"]

@@ -1,0 +1,236 @@
+"""Every rank's data position and RNG state in the checkpoint, and each rank's own back on resume."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from lightning_scale import distributed
+from lightning_scale._lightning_internals import (
+    before_train_iterator,
+    consumed_batches_in_epoch,
+    drop_lightning_loader_state,
+    is_last_batch_of_epoch,
+    train_loaders,
+    unrepeatable_shuffle,
+)
+from lightning_scale.rng import capture_rng_state, restore_rng_state
+
+__all__ = ["DataStateCheckpoint"]
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+_ITERATOR_FINISHED = "_iterator_finished"  # torchdata StatefulDataLoader state key
+
+
+class DataStateCheckpoint(Callback):
+    """Save every rank's dataloader position and RNG states; give each rank its own back on resume.
+
+    Stock Lightning stores one loader state, written by rank 0, which every rank loads; it saves no RNG state and
+    does not restore the sampler's epoch before the resumed iterator draws indices. This callback, at every
+    checkpoint, gathers from each rank the ``state_dict()`` of its training ``StatefulDataLoader``\\ (s), the
+    generators of its loaders and samplers, its epoch position and its RNG states (Python, NumPy, torch CPU and
+    CUDA), and stores them as ``{"version": 1, "world_size": W, "rank_0": ..., ...}``. On resume each rank gets its
+    own entry back, at the moments an uninterrupted run would have had it:
+
+    - the sampler's epoch and the loader's position before the training iterator is created;
+    - the RNG states after that iterator exists (mid-epoch), or before it (a checkpoint on an epoch's last batch,
+      which resumes into the next epoch instead of running an empty one).
+
+    A checkpoint written by a different number of processes resumes at an epoch boundary (the next epoch is split
+    for the new world size) and is refused mid-epoch, since it would replay or skip samples.
+
+    For augmentation drawn inside ``__getitem__`` with ``num_workers > 0``, wrap the dataset in
+    :class:`~lightning_scale.data.WorkerRNGDataset`. Give each ``DataLoader`` its own ``generator`` so that
+    starting an iterator (including a validation one) does not draw from the global RNG. ``ResumableCheckpoint``
+    adds this callback when the Trainer has none; it also works beside Lightning's plain ``ModelCheckpoint``.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[DataStateCheckpoint()], logger=False, enable_progress_bar=False)
+    """
+
+    def __init__(self) -> None:
+        self._trainer: pl.Trainer | None = None
+        self._pending: dict[str, Any] | None = None
+        self._checked_loaders = False
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._trainer = trainer
+            self._checked_loaders = False
+            before_train_iterator(trainer, self._before_train_iterator)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = None
+        self._pending = None
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        if self._trainer is None:
+            return {}
+        gathered = distributed.all_gather_object(self._local_state(self._trainer))
+        state: dict[str, Any] = {"version": STATE_VERSION, "world_size": len(gathered)}
+        state.update({f"rank_{r}": rank_state for r, rank_state in enumerate(gathered)})
+        return state
+
+    @override
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        if self._trainer is not None:
+            drop_lightning_loader_state(checkpoint)
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"DataStateCheckpoint state has version {state_dict.get('version')!r}, this lightning-scale reads "
+                f"version {STATE_VERSION}. Resume with the lightning-scale release that wrote the checkpoint."
+            )
+        saved_world, world = state_dict["world_size"], distributed.world_size()
+        if saved_world == world:
+            self._pending = state_dict[f"rank_{distributed.rank()}"]
+            return
+        rank0 = state_dict["rank_0"]
+        if not rank0["end_of_epoch"]:
+            raise ValueError(
+                f"The checkpoint was written by {saved_world} processes in the middle of epoch {rank0['epoch']} "
+                f"(after {rank0['batches_consumed']} batches per rank); resuming it with {world} processes would "
+                f"replay or skip samples. Resume with {saved_world} processes (Trainer devices/num_nodes, or "
+                "torchrun --nproc-per-node), or from a checkpoint taken at the end of an epoch."
+            )
+        rank_zero_warn(
+            f"Resuming a checkpoint written by {saved_world} processes with {world}: the next epoch is split for "
+            f"{world} processes and the RNG streams are not restored, so this run will not match one that kept "
+            f"{saved_world} processes."
+        )
+        self._pending = {"epoch": rank0["epoch"], "end_of_epoch": True, "loaders": None, "rng": None}
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None or pending["end_of_epoch"]:
+            return
+        for loader, saved in zip(train_loaders(trainer), pending["loaders"], strict=True):
+            _restore_generators(loader, saved["generators"])
+        restore_rng_state(pending["rng"])
+
+    def _local_state(self, trainer: pl.Trainer) -> dict[str, Any]:
+        return {
+            "epoch": trainer.current_epoch,
+            "end_of_epoch": is_last_batch_of_epoch(trainer),
+            "batches_consumed": consumed_batches_in_epoch(trainer),
+            "loaders": [_loader_state(loader) for loader in train_loaders(trainer)],
+            "rng": capture_rng_state(),
+        }
+
+    def _before_train_iterator(self, loaders: list[Any]) -> None:
+        if not self._checked_loaders:
+            self._checked_loaders = True
+            _check_loaders(loaders)
+        pending = self._pending
+        if pending is None:
+            return
+        saved = pending["loaders"]
+        if saved is not None and len(saved) != len(loaders):
+            raise ValueError(
+                f"The checkpoint holds data state for {len(saved)} training dataloader(s), this run has "
+                f"{len(loaders)}. Resume with the same train_dataloader() structure that wrote the checkpoint."
+            )
+        end_of_epoch = pending["end_of_epoch"]
+        epoch = pending["epoch"] + int(end_of_epoch)
+        for index, loader in enumerate(loaders):
+            _set_sampler_epoch(loader, epoch)
+            if saved is not None:
+                _restore_loader(loader, saved[index], end_of_epoch)
+        if end_of_epoch and pending["rng"] is not None:
+            restore_rng_state(pending["rng"])
+
+
+def _is_stateful(loader: Any) -> bool:
+    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+
+
+def _samplers(loader: Any) -> list[Any]:
+    found = []
+    for name in ("sampler", "batch_sampler"):
+        sampler = getattr(loader, name, None)
+        if sampler is not None:
+            found.append(sampler)
+            inner = getattr(sampler, "sampler", None)
+            if inner is not None:
+                found.append(inner)
+    return found
+
+
+def _generators(loader: Any) -> dict[str, torch.Generator]:
+    found = {}
+    if isinstance(getattr(loader, "generator", None), torch.Generator):
+        found["loader"] = loader.generator
+    for index, sampler in enumerate(_samplers(loader)):
+        if isinstance(getattr(sampler, "generator", None), torch.Generator):
+            found[f"sampler_{index}"] = sampler.generator
+    return found
+
+
+def _loader_state(loader: Any) -> dict[str, Any]:
+    return {
+        "state": loader.state_dict() if _is_stateful(loader) else None,
+        "generators": {name: gen.get_state() for name, gen in _generators(loader).items()},
+    }
+
+
+def _restore_generators(loader: Any, saved: dict[str, torch.Tensor]) -> None:
+    for name, generator in _generators(loader).items():
+        if name in saved:
+            generator.set_state(saved[name])
+
+
+def _restore_loader(loader: Any, saved: dict[str, Any], end_of_epoch: bool) -> None:
+    state = saved["state"]
+    if not end_of_epoch:
+        if state is not None and _is_stateful(loader):
+            loader.load_state_dict(state)
+        return
+    if state is not None and _is_stateful(loader) and getattr(loader, "persistent_workers", False):
+        # Persistent workers carry their RNG into the next epoch: restore them and mark the epoch finished, so
+        # that StatefulDataLoader starts the next epoch instead of yielding an exhausted iterator.
+        loader.load_state_dict({**state, _ITERATOR_FINISHED: True})
+    else:
+        _restore_generators(loader, saved["generators"])
+
+
+def _set_sampler_epoch(loader: Any, epoch: int) -> None:
+    for sampler in _samplers(loader):
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)
+
+
+def _check_loaders(loaders: list[Any]) -> None:
+    for index, loader in enumerate(loaders):
+        name = f"training dataloader #{index} ({type(loader).__name__})"
+        if unrepeatable_shuffle(loader):
+            raise ValueError(
+                f"{name} shuffles through Lightning's DistributedSamplerWrapper, which draws a new order on every "
+                "resume. Pass sampler=torchdata.stateful_dataloader.sampler.StatefulDistributedSampler(dataset, "
+                "shuffle=True, seed=...) to the StatefulDataLoader instead of shuffle=True."
+            )
+        if not _is_stateful(loader):
+            rank_zero_warn(
+                f"{name} has no state_dict(): a resume in the middle of an epoch restarts that epoch from its first "
+                "batch. Use torchdata.stateful_dataloader.StatefulDataLoader for an exact resume."
+            )
+        elif getattr(loader, "num_workers", 0) > 0 and not _is_stateful(getattr(loader, "dataset", None)):
+            rank_zero_warn(
+                f"{name} uses num_workers={loader.num_workers} and its dataset has no state_dict(): random "
+                "augmentation inside the workers will differ after a resume. Wrap the dataset in "
+                "lightning_scale.data.WorkerRNGDataset to checkpoint the workers' RNG."
+            )

@@ -1,0 +1,13 @@
+"""Checkpoint storage and manifests: plain logic over fsspec, no Lightning imports."""
+
+from lightning_scale.checkpoint.manifest import Manifest, find_newest_valid, publish_checkpoint, validate
+from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
+
+__all__ = [
+    "CheckpointStorageError",
+    "CheckpointStore",
+    "Manifest",
+    "find_newest_valid",
+    "publish_checkpoint",
+    "validate",
+]

@@ -1,0 +1,102 @@
+"""The only module in lightning-scale that calls ``torch.distributed`` collectives.
+
+Every function is a no-op at world size 1 and raises :class:`DistributedNotInitializedError` when the environment
+says the job has several processes (``WORLD_SIZE`` > 1) but no process group exists, instead of silently acting as
+if this rank were alone. Cross-rank decisions are named votes: :func:`any_rank` and :func:`all_ranks`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "DistributedNotInitializedError",
+    "all_gather_object",
+    "all_ranks",
+    "any_rank",
+    "barrier",
+    "broadcast_object",
+    "rank",
+    "world_size",
+]
+
+T = TypeVar("T")
+
+
+class DistributedNotInitializedError(RuntimeError):
+    """The job runs several processes but this one has no ``torch.distributed`` process group."""
+
+
+def _group_ready() -> bool:
+    if dist.is_available() and dist.is_initialized():
+        return True
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    if env_world > 1:
+        raise DistributedNotInitializedError(
+            f"WORLD_SIZE={env_world} but torch.distributed has no process group in this process; "
+            "collectives must run after the Trainer has set up its strategy (e.g. in `setup` or later hooks)."
+        )
+    return False
+
+
+def world_size() -> int:
+    """Number of processes in the default group (1 without a process group)."""
+    return dist.get_world_size() if _group_ready() else 1
+
+
+def rank() -> int:
+    """This process's global rank (0 without a process group)."""
+    return dist.get_rank() if _group_ready() else 0
+
+
+def _vote_tensor(value: int) -> torch.Tensor:
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    return torch.tensor([value], dtype=torch.int32, device=device)
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on at least one rank."""
+    if not _group_ready() or dist.get_world_size() == 1:
+        return bool(flag)
+    vote = _vote_tensor(int(bool(flag)))
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX)
+    return bool(vote.item())
+
+
+def all_ranks(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on all ranks."""
+    if not _group_ready() or dist.get_world_size() == 1:
+        return bool(flag)
+    vote = _vote_tensor(int(bool(flag)))
+    dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+    return bool(vote.item())
+
+
+def all_gather_object(obj: T) -> list[T]:
+    """Every rank's ``obj``, indexed by rank, on every rank."""
+    if not _group_ready() or dist.get_world_size() == 1:
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_object(obj: T, src: int = 0) -> T:
+    """Rank ``src``'s ``obj`` on every rank."""
+    if not _group_ready() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait until every rank reaches this call."""
+    if _group_ready() and dist.get_world_size() > 1:
+        dist.barrier()

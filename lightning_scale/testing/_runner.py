@@ -1,0 +1,137 @@
+"""One training attempt for :func:`lightning_scale.testing.assert_exact_resume`, run as ``python -m`` (torchrun).
+
+It trains the user's factories on CPU, records what every rank did at every step (batch digest, sample ids, loss,
+parameter digests) and the final weights, and — on the first attempt only — blocks right after the checkpoint at
+``interrupt_at`` becomes durable, so that the harness can kill the whole job with SIGKILL at a known point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from typing_extensions import override
+
+from lightning_scale.callbacks import ResumableCheckpoint
+from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
+
+
+def _load(spec: str) -> Any:
+    module, _, qualname = spec.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def _batch_digest(batch: Any) -> str:
+    digest = hashlib.sha256()
+    leaves, _ = torch.utils._pytree.tree_flatten(batch)
+    for leaf in leaves:
+        digest.update(_digest(leaf).encode() if isinstance(leaf, torch.Tensor) else repr(leaf).encode())
+    return digest.hexdigest()[:16]
+
+
+class _Tracer(Callback):
+    def __init__(self, out_dir: Path, trace_params: bool) -> None:
+        self.out_dir = out_dir
+        self.trace_params = trace_params
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
+        record: dict[str, Any] = {
+            "step": trainer.global_step,
+            "epoch": trainer.current_epoch,
+            "batch": _batch_digest(batch),
+            "loss": float(outputs["loss"]).hex() if isinstance(outputs, dict) else None,
+        }
+        if isinstance(batch, dict) and "sample_id" in batch:
+            record["sample_ids"] = batch["sample_id"].tolist()
+        if self.trace_params:
+            record["params"] = {name: _digest(p) for name, p in pl_module.named_parameters()}
+        with open(self.out_dir / f"trace_rank{trainer.global_rank}.jsonl", "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+class _BlockAfterCheckpoint(Callback):
+    """On a fresh attempt, stop every rank right after the checkpoint at ``step`` is durable and wait to be killed."""
+
+    def __init__(self, step: int, ckpt_dir: str, marker: str, stock: bool) -> None:
+        self.step, self.ckpt_dir, self.marker, self.stock = step, ckpt_dir, marker, stock
+        self.resumed = False
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.resumed = trainer.global_step > 0
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
+        if self.resumed or trainer.global_step != self.step:
+            return
+        if trainer.is_global_zero:
+            while not self._durable():
+                time.sleep(0.05)
+            Path(self.marker).write_text(str(self.step))
+        while True:  # the harness sends SIGKILL to the whole process group
+            time.sleep(1)
+
+    def _durable(self) -> bool:
+        if self.stock:
+            return any(name.endswith(".ckpt") and f"step={self.step}" in name for name in os.listdir(self.ckpt_dir))
+        manifest, _ = find_newest_valid(CheckpointStore(self.ckpt_dir))
+        return manifest is not None and manifest.global_step >= self.step
+
+
+def main(config_path: str) -> None:
+    config = json.loads(Path(config_path).read_text())
+    sys.path[:0] = [p for p in config["sys_path"] if p not in sys.path]
+    out_dir = Path(config["out_dir"])
+    stock = config["checkpoint"] == "stock"
+    pl.seed_everything(config["seed"], verbose=False)
+    model = _load(config["model_factory"])()
+    datamodule = _load(config["datamodule_factory"])()
+
+    every = config["checkpoint_every"]
+    checkpoint: ModelCheckpoint
+    if stock:
+        checkpoint = ModelCheckpoint(
+            dirpath=config["ckpt_dir"], every_n_train_steps=every, save_top_k=-1, save_last=True
+        )
+    else:
+        checkpoint = ResumableCheckpoint(dirpath=config["ckpt_dir"], every_n_train_steps=every, keep_last_k=None)
+    callbacks: list[Callback] = [_Tracer(out_dir, config["trace_params"]), checkpoint]
+    if config["interrupt_at"] is not None:
+        callbacks.append(_BlockAfterCheckpoint(config["interrupt_at"], config["ckpt_dir"], config["marker"], stock))
+
+    devices = config["devices"]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_steps=config["steps"],
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **config["trainer_kwargs"],
+    )
+    trainer.fit(model, datamodule=datamodule, ckpt_path="last" if stock else None)
+    weights = {name: tensor.detach().cpu() for name, tensor in trainer.lightning_module.state_dict().items()}
+    torch.save(weights, out_dir / f"final_rank{trainer.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
