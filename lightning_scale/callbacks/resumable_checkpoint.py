@@ -248,9 +248,10 @@ class ResumableCheckpoint(ModelCheckpoint):
             return
         protected = {self._name_in_dir(p) for p in (self.best_model_path, self.last_model_path) if p}
         manifests, _ = list_manifests(self.store)
-        ours = [m for m in manifests if m.run_id == self._run_id and m.name not in protected]
+        ours = [m for m in manifests if m.run_id == self._run_id]
         for manifest in ours[self.keep_last_k :]:
-            self._remove(manifest.name)
+            if manifest.name not in protected:
+                self._remove(manifest.name)
 
     def _name_in_dir(self, filepath: str) -> str:
         return str(filepath).rstrip("/").rsplit("/", 1)[-1]

@@ -1,0 +1,195 @@
+"""ResumableCheckpoint in single-process fits: triggers, atomic files, retention, auto-resume and bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+
+from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
+from lightning_scale.checkpoint import CheckpointStorageError, CheckpointStore, find_newest_valid
+
+
+class FirstStep(Callback):
+    """Records the global step at which training (re)started."""
+
+    def __init__(self) -> None:
+        self.first_step: int | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.first_step = trainer.global_step
+
+
+def fit(dirpath, trainer_kwargs, max_steps, ckpt_path=None, d_model=32, extra_callbacks=(), **checkpoint_kwargs):
+    seed_everything(0)
+    model = CharTransformer(vocab_size=64, d_model=d_model)
+    data = CharDataModule(batch_size=8, augment=True)
+    checkpoint = ResumableCheckpoint(dirpath=str(dirpath), **checkpoint_kwargs)
+    first = FirstStep()
+    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint, first, *extra_callbacks], **trainer_kwargs)
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return trainer, model, checkpoint, first.first_step
+
+
+def ckpt_names(dirpath: Path) -> list[str]:
+    return sorted(p.name for p in dirpath.iterdir() if p.name.endswith(".ckpt"))
+
+
+def digests(dirpath: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dirpath.iterdir())}
+
+
+def test_saves_every_n_train_steps_with_a_valid_manifest_each(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=12, every_n_train_steps=5, keep_last_k=None)
+    assert ckpt_names(tmp_path) == ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt"]
+    store = CheckpointStore(str(tmp_path))
+    manifest, skipped = find_newest_valid(store)
+    assert manifest is not None and manifest.global_step == 10 and skipped == []
+    assert not [p for p in tmp_path.iterdir() if ".partial" in p.name or ".tmp-" in p.name]
+
+
+def test_keep_last_k_keeps_the_newest_checkpoints(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=10, every_n_train_steps=2, keep_last_k=2)
+    assert ckpt_names(tmp_path) == ["epoch=0-step=10.ckpt", "epoch=0-step=8.ckpt"]
+    assert sorted(p.name for p in tmp_path.glob("*.manifest.json")) == [
+        "epoch=0-step=10.ckpt.manifest.json",
+        "epoch=0-step=8.ckpt.manifest.json",
+    ]
+
+
+def test_retention_never_touches_another_runs_checkpoints(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=4, every_n_train_steps=2, keep_last_k=1, filename="a-{step}")
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=6, every_n_train_steps=2, keep_last_k=1, auto_resume=False)
+    assert ckpt_names(tmp_path) == ["a-step=4.ckpt", "epoch=0-step=6.ckpt"]
+
+
+def test_auto_resume_continues_bitwise_exactly(tmp_path, tiny_trainer_kwargs):
+    _, reference, _, _ = fit(tmp_path / "reference", tiny_trainer_kwargs, max_steps=20, every_n_train_steps=10)
+    fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=10, every_n_train_steps=5)
+    trainer, resumed, _, first_step = fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=20, every_n_train_steps=5)
+    assert first_step == 10 and trainer.global_step == 20
+    for (name, a), (_, b) in zip(reference.state_dict().items(), resumed.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_truncated_newest_checkpoint_falls_back_to_previous_with_a_warning(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=10, every_n_train_steps=5)
+    newest = tmp_path / "epoch=0-step=10.ckpt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    with pytest.warns(UserWarning, match=r"step=10\.ckpt: size is 1000 bytes"):
+        _, _, _, first_step = fit(tmp_path, tiny_trainer_kwargs, max_steps=12, every_n_train_steps=5)
+    assert first_step == 5
+    assert newest.stat().st_size == 1000  # the bad file is reported, never deleted or overwritten
+
+
+def test_no_checkpoint_means_a_fresh_start(tmp_path, tiny_trainer_kwargs):
+    _, _, _, first_step = fit(tmp_path / "empty", tiny_trainer_kwargs, max_steps=3, every_n_train_steps=5)
+    assert first_step == 0
+
+
+def test_checkpoint_of_a_different_model_is_refused_and_left_intact(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=5, every_n_train_steps=5)
+    before = digests(tmp_path)
+    with pytest.raises(ValueError, match=r"different model .*shape \[48, 48\] here but \[32, 32\].*new dirpath"):
+        fit(tmp_path, tiny_trainer_kwargs, max_steps=10, every_n_train_steps=5, d_model=48)
+    assert digests(tmp_path) == before
+
+
+def test_unwritable_dirpath_fails_before_training(tmp_path, tiny_trainer_kwargs):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    first = FirstStep()
+    with pytest.raises(CheckpointStorageError, match=r"Cannot write checkpoints to dirpath=.*a-file/sub"):
+        fit(blocker / "sub", tiny_trainer_kwargs, max_steps=5, every_n_train_steps=5, extra_callbacks=[first])
+    assert first.first_step is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"every_n_minutes": 0}, r"every_n_minutes=0 must be > 0"),
+        ({"every_n_minutes": -1.5}, r"every_n_minutes=-1.5 must be > 0"),
+        ({"keep_last_k": 0}, r"keep_last_k=0 must be >= 1"),
+        ({"filename": "a/{step}"}, r"must not contain '/'"),
+    ],
+)
+def test_bad_arguments_are_refused_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ResumableCheckpoint(dirpath="unused", **kwargs)
+
+
+class AdvanceClock(Callback):
+    """Moves a fake clock 30 s forward at each batch."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.now += 30.0
+
+
+def test_every_n_minutes_saves_on_wall_time(tmp_path, tiny_trainer_kwargs):
+    clock = AdvanceClock()
+    seed_everything(0)
+    checkpoint = ResumableCheckpoint(dirpath=str(tmp_path), every_n_minutes=1, keep_last_k=None)
+    checkpoint._clock = lambda: clock.now
+    trainer = Trainer(max_steps=7, callbacks=[clock, checkpoint], **tiny_trainer_kwargs)
+    trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
+    assert ckpt_names(tmp_path) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt"]
+
+
+def test_ckpt_path_last_picks_the_newest_valid_checkpoint(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=10, every_n_train_steps=5)
+    (tmp_path / "epoch=0-step=10.ckpt").write_bytes(b"corrupt")
+    with pytest.warns(UserWarning, match=r"step=10\.ckpt"):
+        _, _, _, first_step = fit(
+            tmp_path, tiny_trainer_kwargs, max_steps=12, every_n_train_steps=5, auto_resume=False, ckpt_path="last"
+        )
+    assert first_step == 5
+
+
+def test_monitor_keeps_the_best_k_like_model_checkpoint(tmp_path, tiny_trainer_kwargs):
+    _, _, checkpoint, _ = fit(
+        tmp_path, tiny_trainer_kwargs, max_steps=10, every_n_train_steps=2, monitor="train_loss", save_top_k=2
+    )
+    assert len(ckpt_names(tmp_path)) == 2
+    assert Path(checkpoint.best_model_path).name in ckpt_names(tmp_path)
+    manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path)))
+    assert manifest is not None
+
+
+def test_fsspec_memory_url_saves_and_resumes(tiny_trainer_kwargs):
+    url = f"memory://ckpt-{uuid.uuid4().hex}"
+    fit(url, tiny_trainer_kwargs, max_steps=6, every_n_train_steps=3)
+    _, _, _, first_step = fit(url, tiny_trainer_kwargs, max_steps=9, every_n_train_steps=3)
+    assert first_step == 6
+
+
+def test_adds_one_data_state_callback_unless_the_user_gave_one(tmp_path, tiny_trainer_kwargs):
+    trainer, *_ = fit(tmp_path / "a", tiny_trainer_kwargs, max_steps=2, every_n_train_steps=2)
+    assert sum(isinstance(cb, DataStateCheckpoint) for cb in trainer.callbacks) == 1
+    own = DataStateCheckpoint()
+    trainer, *_ = fit(tmp_path / "b", tiny_trainer_kwargs, max_steps=2, every_n_train_steps=2, extra_callbacks=[own])
+    assert [cb for cb in trainer.callbacks if isinstance(cb, DataStateCheckpoint)] == [own]
+
+
+def test_failed_save_raises_and_keeps_earlier_checkpoints(tmp_path, tiny_trainer_kwargs, monkeypatch):
+    original = CheckpointStore.publish
+    calls = []
+
+    def publish_then_fail(self, temporary, name):
+        calls.append(name)
+        if name.startswith("epoch=0-step=4"):
+            raise OSError("disk full (injected)")
+        original(self, temporary, name)
+
+    monkeypatch.setattr(CheckpointStore, "publish", publish_then_fail)
+    with pytest.raises(CheckpointStorageError, match=r"step=4\.ckpt failed: OSError: disk full.*untouched"):
+        fit(tmp_path, tiny_trainer_kwargs, max_steps=6, every_n_train_steps=2, keep_last_k=1)
+    manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path)))
+    assert manifest is not None and manifest.name == "epoch=0-step=2.ckpt"

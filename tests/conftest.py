@@ -1,0 +1,38 @@
+"""Shared fixtures: every test leaves environment variables, signal handlers and the process group as it found them."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+import torch.distributed as dist
+
+_SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state() -> Iterator[None]:
+    environ = dict(os.environ)
+    handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    yield
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    os.environ.clear()
+    os.environ.update(environ)
+
+
+@pytest.fixture
+def tiny_trainer_kwargs() -> dict:
+    """Trainer arguments for quick single-process CPU fits in unit tests."""
+    return {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "limit_val_batches": 0,
+    }

@@ -1,0 +1,22 @@
+"""lightning_scale.distributed: no-ops alone, a clear error when a process group is missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_scale import distributed
+
+
+def test_single_process_votes_and_gathers_are_local():
+    assert distributed.world_size() == 1 and distributed.rank() == 0
+    assert distributed.any_rank(True) and not distributed.any_rank(False)
+    assert distributed.all_ranks(True) and not distributed.all_ranks(False)
+    assert distributed.all_gather_object({"a": 1}) == [{"a": 1}]
+    assert distributed.broadcast_object("x") == "x"
+    distributed.barrier()
+
+
+def test_missing_process_group_in_a_multi_process_job_is_an_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(distributed.DistributedNotInitializedError, match=r"WORLD_SIZE=2 .*no process group"):
+        distributed.any_rank(True)

@@ -1,0 +1,97 @@
+"""The private Lightning hooks wrapped in lightning_scale._lightning_internals still behave as we rely on.
+
+If one of these fails after a Lightning upgrade, exact resume is broken: fix _lightning_internals.py first.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale import _lightning_internals as internals
+
+
+def test_private_members_we_wrap_exist():
+    trainer = Trainer(logger=False, enable_progress_bar=False)
+    parameters = list(inspect.signature(trainer._checkpoint_connector.resume_start).parameters)
+    assert parameters == ["checkpoint_path", "weights_only"]
+    assert callable(type(trainer.fit_loop)._load_combined_loader_states)
+    assert hasattr(trainer.fit_loop, "_combined_loader")
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    assert hasattr(progress, "is_last_batch") and hasattr(progress.current, "ready")
+
+
+class RecordingLoader(StatefulDataLoader):
+    events: list[str] = []
+
+    def __iter__(self):
+        RecordingLoader.events.append("iter")
+        return super().__iter__()
+
+
+class RecordingData(CharDataModule):
+    def train_dataloader(self):
+        loader = super().train_dataloader()
+        return RecordingLoader(loader.dataset, batch_size=8, sampler=loader.sampler, drop_last=True)
+
+
+class InstallHooks(Callback):
+    def __init__(self, chosen: str | None) -> None:
+        self.chosen, self.choose_calls = chosen, 0
+
+    def setup(self, trainer, pl_module, stage):
+        internals.before_train_iterator(trainer, lambda loaders: RecordingLoader.events.append(f"fn:{len(loaders)}"))
+        internals.restore_from_when_unset(trainer, self.choose)
+
+    def choose(self):
+        self.choose_calls += 1
+        return self.chosen
+
+
+def test_before_train_iterator_runs_before_the_iterator_and_restore_hook_is_used(tmp_path, tiny_trainer_kwargs):
+    seed_everything(0)
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3)
+    Trainer(max_steps=3, callbacks=[saver], **tiny_trainer_kwargs).fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8)
+    )
+    RecordingLoader.events = []
+    hooks = InstallHooks(chosen=saver.best_model_path)
+    trainer = Trainer(max_steps=5, callbacks=[hooks], **tiny_trainer_kwargs)
+    trainer.fit(CharTransformer(vocab_size=64), datamodule=RecordingData(batch_size=8))
+    assert RecordingLoader.events[:2] == ["fn:1", "iter"]
+    assert hooks.choose_calls == 1 and trainer.ckpt_path == saver.best_model_path
+    assert trainer.global_step == 5  # resumed at step 3 and ran 2 more
+
+
+def test_explicit_ckpt_path_wins_over_the_restore_hook(tmp_path, tiny_trainer_kwargs):
+    seed_everything(0)
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2)
+    Trainer(max_steps=2, callbacks=[saver], **tiny_trainer_kwargs).fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8)
+    )
+    hooks = InstallHooks(chosen="/nonexistent.ckpt")
+    trainer = Trainer(max_steps=3, callbacks=[hooks], **tiny_trainer_kwargs)
+    trainer.fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8), ckpt_path=saver.best_model_path
+    )
+    assert hooks.choose_calls == 0 and trainer.global_step == 3
+
+
+def test_lightning_checkpoint_layout_of_loader_state(tmp_path, tiny_trainer_kwargs):
+    seed_everything(0)
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2)
+    Trainer(max_steps=2, callbacks=[saver], **tiny_trainer_kwargs).fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8)
+    )
+    checkpoint = torch.load(saver.best_model_path, weights_only=True)
+    node = checkpoint
+    for key in internals.CHECKPOINT_FIT_LOOP_KEYS:
+        node = node[key]
+    assert "combined_loader" in node
+    internals.drop_lightning_loader_state(checkpoint)
+    assert "combined_loader" not in node

@@ -1,0 +1,40 @@
+"""Checks of the house rules that a reader would otherwise have to trust (see shared/STYLE.md)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lightning_scale"
+
+
+def imports_of(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_distributed_module_imports_torch_distributed(path):
+    if path.name == "distributed.py":
+        return
+    assert not any(name.startswith("torch.distributed") for name in imports_of(path))
+
+
+@pytest.mark.parametrize("package", ["checkpoint"])
+def test_pure_logic_packages_do_not_import_lightning(package):
+    for path in (PACKAGE / package).rglob("*.py"):
+        assert not {name.split(".")[0] for name in imports_of(path)} & {"lightning", "pytorch_lightning"}, path
+
+
+@pytest.mark.parametrize("package", ["lightning_scale", "lightning_scale.callbacks", "lightning_scale.checkpoint"])
+def test_packages_export_an_explicit_all(package):
+    module = importlib.import_module(package)
+    assert module.__all__ and all(hasattr(module, name) for name in module.__all__)
