@@ -16,7 +16,7 @@ $(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/spot_demo.py
+	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check lightning_scale tests examples benchmarks
@@ -26,4 +26,4 @@ test: lint
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) runs demo_run
+	rm -rf $(VENV) runs

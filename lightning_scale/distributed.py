@@ -20,6 +20,7 @@ __all__ = [
     "any_rank",
     "barrier",
     "broadcast_object",
+    "destroy_process_group",
     "rank",
     "world_size",
 ]
@@ -100,3 +101,13 @@ def barrier() -> None:
     """Wait until every rank reaches this call."""
     if _group_ready() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def destroy_process_group() -> None:
+    """Tear down the default process group, if any, before the process exits.
+
+    A gloo group still alive at interpreter shutdown can abort the process ("terminate called without an active
+    exception"), turning a finished job into exit code -6 for its launcher.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

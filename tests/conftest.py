@@ -26,9 +26,10 @@ def _restore_process_state() -> Iterator[None]:
 
 
 @pytest.fixture
-def tiny_trainer_kwargs() -> dict:
-    """Trainer arguments for quick single-process CPU fits in unit tests."""
+def tiny_trainer_kwargs(tmp_path) -> dict:
+    """Trainer arguments for quick single-process CPU fits in unit tests, writing nothing outside ``tmp_path``."""
     return {
+        "default_root_dir": str(tmp_path),
         "accelerator": "cpu",
         "devices": 1,
         "logger": False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal
@@ -139,11 +140,14 @@ class ResumableCheckpoint(ModelCheckpoint):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = f"{trainer.default_root_dir.rstrip('/')}/checkpoints"
-        super().setup(trainer, pl_module, stage)
         self._store = CheckpointStore(str(self.dirpath))
+        if stage == "fit":
+            self._check_writable(trainer)  # before ModelCheckpoint lists the directory, so every rank fails alike
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)  # a non-empty directory is what resuming looks like
         if stage != "fit":
             return
-        self._check_writable(trainer)
         self._run_id = distributed.broadcast_object(uuid.uuid4().hex)
         if self.data_state and not any(isinstance(cb, DataStateCheckpoint) for cb in trainer.callbacks):
             data_state = DataStateCheckpoint()
@@ -176,7 +180,11 @@ class ResumableCheckpoint(ModelCheckpoint):
         _check_same_model(manifest, trainer.lightning_module, self.store.url(manifest.name))
         self._run_id = manifest.run_id
         path = self.store.url(manifest.name)
-        rank_zero_info(f"Auto-resuming from {path} (global step {manifest.global_step}, epoch {manifest.epoch}).")
+        age_s = time.time() - manifest.created_unix
+        rank_zero_info(
+            f"Auto-resuming from {path} (global step {manifest.global_step}, epoch {manifest.epoch}, "
+            f"written {age_s:.1f} s ago)."
+        )
         return path
 
     @override

@@ -53,7 +53,9 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
-        raw: dict[str, Any] = json.loads(data)
+        raw: Any = json.loads(data)
+        if not isinstance(raw, dict):
+            raise ValueError(f"a manifest is a JSON object, not {type(raw).__name__}")
         if raw.get("version") != MANIFEST_VERSION:
             raise ValueError(f"manifest version {raw.get('version')!r} is not {MANIFEST_VERSION}")
         return cls(**raw)

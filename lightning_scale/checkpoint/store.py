@@ -65,7 +65,7 @@ class CheckpointStore:
             self.fs.rm(self.path(probe))
         except Exception as err:
             raise CheckpointStorageError(
-                f"Cannot write checkpoints to dirpath={self.dirpath!r}: {type(err).__name__}: {err}. "
+                f"Cannot write checkpoints to dirpath={self.dirpath!r} ({type(err).__name__}: {err}). "
                 "Choose a directory or bucket this job can create and write files in (dirpath=...), "
                 "and check credentials and the endpoint for object storage."
             ) from err

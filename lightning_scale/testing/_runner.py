@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
+from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 
@@ -131,6 +132,7 @@ def main(config_path: str) -> None:
     trainer.fit(model, datamodule=datamodule, ckpt_path="last" if stock else None)
     weights = {name: tensor.detach().cpu() for name, tensor in trainer.lightning_module.state_dict().items()}
     torch.save(weights, out_dir / f"final_rank{trainer.global_rank}.pt")
+    distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
+from lightning_scale.testing.processes import kill_process_tree
 
 __all__ = ["ResumeReport", "assert_exact_resume"]
 
@@ -224,13 +225,12 @@ def _attempt(config_path: Path, timeout_s: float, expect_marker: bool) -> None:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         try:
             while process.poll() is None:
                 if expect_marker and marker.exists():
-                    os.killpg(process.pid, signal.SIGKILL)
+                    kill_process_tree(process.pid)
                     process.wait()
                     return
                 if time.monotonic() > deadline:
@@ -238,7 +238,7 @@ def _attempt(config_path: Path, timeout_s: float, expect_marker: bool) -> None:
                 time.sleep(0.05)
         finally:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+                kill_process_tree(process.pid)
                 process.wait()
     if process.returncode != 0:
         raise AssertionError(f"attempt exited with code {process.returncode}{_tail(out_dir)}")

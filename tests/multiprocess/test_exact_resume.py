@@ -6,9 +6,12 @@ random augmentation in ``__getitem__``; a resumed run must end bitwise identical
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lightning_scale.testing import assert_exact_resume, run_interrupted_and_reference
+from lightning_scale.testing.processes import descendants
 from tests import factories
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
@@ -33,6 +36,8 @@ def test_mid_epoch_resume_with_workers0_is_bitwise_exact_and_sees_the_same_sampl
     for rank in (0, 1):
         assert sample_ids(report.resumed[rank]) == sample_ids(report.reference[rank])
     assert sample_ids(report.reference[0]) != sample_ids(report.reference[1])  # ranks really see different data
+    leftovers = [pid for pid in descendants(1) if str(tmp_path) in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert leftovers == []  # the SIGKILLed job left no worker behind
 
 
 def test_mid_second_epoch_resume_with_workers2_and_augmentation_keeps_that_epochs_order(tmp_path):

@@ -1,0 +1,45 @@
+"""Killing a whole training job the way a lost machine does: every process of its tree at once, with SIGKILL.
+
+``torchrun`` starts each worker in a session of its own, so killing the launcher's process group leaves the workers
+running; the tree has to be found from ``/proc`` (Linux).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+__all__ = ["descendants", "kill_process_tree"]
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        parents[int(stat.parent.name)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, parents before children."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for parent in frontier for child in children.get(parent, [])]
+        found += below
+        frontier = below
+    return found
+
+
+def kill_process_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to ``pid`` and every process below it (the launcher first, so it cannot restart workers)."""
+    for target in [pid, *descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
+            os.kill(target, sig)
