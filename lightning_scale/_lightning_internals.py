@@ -7,24 +7,31 @@ Lightning 2.6 offers no public hook for three things exact resumption needs; eac
    but ``Trainer.fit`` resolves ``ckpt_path`` before the strategy sets up);
 2. running code right before the fit loop creates the training iterator (sampler epoch and per-rank loader state
    must be in place before ``iter()``, which already draws sampler indices);
-3. the layout of Lightning's own loader state in a checkpoint (written by rank 0 only, then loaded into every rank).
+3. the layout of Lightning's own loader state in a checkpoint (written by rank 0 only, then loaded into every rank);
+4. the batch Lightning's data fetcher holds ahead for loaders without a length: a loader's ``state_dict()`` then
+   describes the batch after the one the loop consumed, so the state per batch is kept and the consumed one used.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.data import sized_len
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 __all__ = [
     "CHECKPOINT_FIT_LOOP_KEYS",
     "before_train_iterator",
     "consumed_batches_in_epoch",
+    "consumed_loader_states",
     "drop_lightning_loader_state",
     "is_last_batch_of_epoch",
     "restore_from_when_unset",
+    "track_loader_states_when_fetching_ahead",
     "train_loaders",
     "unrepeatable_shuffle",
 ]
@@ -98,3 +105,49 @@ def unrepeatable_shuffle(loader: Any) -> bool:
         return False
     inner = getattr(sampler.dataset, "_sampler", None)
     return isinstance(getattr(inner, "generator", None), torch.Generator) or "Random" in type(inner).__name__
+
+
+class _StateTrackingCombinedLoader(CombinedLoader):
+    """A ``CombinedLoader`` that remembers its loaders' states after each of the last few batches it returned."""
+
+    state_history: deque[list[Any]]
+
+    def __iter__(self) -> _StateTrackingCombinedLoader:
+        self.state_history = deque(maxlen=4)
+        return super().__iter__()
+
+    def __next__(self) -> Any:
+        out = super().__next__()
+        self.state_history.append([_state_or_none(loader) for loader in self.flattened])
+        return out
+
+
+def _state_or_none(loader: Any) -> Any:
+    return loader.state_dict() if callable(getattr(loader, "state_dict", None)) else None
+
+
+def track_loader_states_when_fetching_ahead(trainer: pl.Trainer) -> None:
+    """Keep per-batch loader states for loaders without a length, the only ones Lightning fetches ahead for.
+
+    Call right before the train iterator is created; loaders with a length cost nothing.
+    """
+    combined = trainer.fit_loop._combined_loader
+    if type(combined) is CombinedLoader and any(sized_len(loader) is None for loader in combined.flattened):
+        combined.__class__ = _StateTrackingCombinedLoader
+
+
+def consumed_loader_states(trainer: pl.Trainer) -> list[Any]:
+    """Each training loader's ``state_dict()`` (``None`` if it has none) as of the last batch the loop consumed."""
+    combined = trainer.fit_loop._combined_loader
+    if combined is None:
+        return []
+    ahead = len(getattr(trainer.fit_loop._data_fetcher, "batches", ()))
+    if ahead == 0:
+        return [_state_or_none(loader) for loader in combined.flattened]
+    history = getattr(combined, "state_history", ())
+    if len(history) <= ahead:
+        raise RuntimeError(
+            f"Lightning fetched {ahead} batch(es) ahead but only {len(history)} loader state(s) were recorded; "
+            "the data position cannot be saved exactly. Please report this with your Lightning version."
+        )
+    return history[-1 - ahead]

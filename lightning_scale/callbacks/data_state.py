@@ -15,8 +15,10 @@ from lightning_scale import distributed
 from lightning_scale._lightning_internals import (
     before_train_iterator,
     consumed_batches_in_epoch,
+    consumed_loader_states,
     drop_lightning_loader_state,
     is_last_batch_of_epoch,
+    track_loader_states_when_fetching_ahead,
     train_loaders,
     unrepeatable_shuffle,
 )
@@ -128,7 +130,10 @@ class DataStateCheckpoint(Callback):
             "epoch": trainer.current_epoch,
             "end_of_epoch": is_last_batch_of_epoch(trainer),
             "batches_consumed": consumed_batches_in_epoch(trainer),
-            "loaders": [_loader_state(loader) for loader in train_loaders(trainer)],
+            "loaders": [
+                {"state": state, "generators": {name: gen.get_state() for name, gen in _generators(loader).items()}}
+                for loader, state in zip(train_loaders(trainer), consumed_loader_states(trainer), strict=True)
+            ],
             "rng": capture_rng_state(),
         }
 
@@ -136,6 +141,8 @@ class DataStateCheckpoint(Callback):
         if not self._checked_loaders:
             self._checked_loaders = True
             _check_loaders(loaders)
+        if self._trainer is not None:
+            track_loader_states_when_fetching_ahead(self._trainer)
         pending = self._pending
         if pending is None:
             return
@@ -179,13 +186,6 @@ def _generators(loader: Any) -> dict[str, torch.Generator]:
         if isinstance(getattr(sampler, "generator", None), torch.Generator):
             found[f"sampler_{index}"] = sampler.generator
     return found
-
-
-def _loader_state(loader: Any) -> dict[str, Any]:
-    return {
-        "state": loader.state_dict() if _is_stateful(loader) else None,
-        "generators": {name: gen.get_state() for name, gen in _generators(loader).items()},
-    }
 
 
 def _restore_generators(loader: Any, saved: dict[str, torch.Tensor]) -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from examples.char_transformer import CharDataModule, CharTransformer
-from lightning_scale.callbacks import DataStateCheckpoint
+from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
 from lightning_scale.callbacks.data_state import _check_loaders
 
 
@@ -84,5 +84,59 @@ def test_beside_plain_model_checkpoint_resume_is_bitwise_exact(tmp_path, tiny_tr
     resumed = fit_with_model_checkpoint(
         tmp_path / "run", tiny_trainer_kwargs, max_steps=20, ckpt_path=str(tmp_path / "run" / "epoch=0-step=7.ckpt")
     )
+    for (name, a), (_, b) in zip(reference.state_dict().items(), resumed.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+class WindowStream(IterableDataset):
+    """The example's training windows as a stream without a length (so Lightning fetches one batch ahead)."""
+
+    def __init__(self, windows) -> None:
+        self.windows = windows
+
+    def __iter__(self):
+        return (self.windows[i] for i in range(len(self.windows)))
+
+
+class StreamData(CharDataModule):
+    def train_dataloader(self):
+        return StatefulDataLoader(WindowStream(self.train_set), batch_size=8)
+
+
+class SeenIds(Callback):
+    def __init__(self) -> None:
+        self.ids: list[list[int]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.ids.append(batch["sample_id"].tolist())
+
+
+def fit_stream(dirpath, trainer_kwargs, max_steps, stock=False):
+    seed_everything(0)
+    model, seen = CharTransformer(vocab_size=64), SeenIds()
+    checkpoint = (
+        ModelCheckpoint(dirpath=dirpath, every_n_train_steps=7, save_top_k=-1)
+        if stock
+        else ResumableCheckpoint(dirpath=str(dirpath), every_n_train_steps=7)
+    )
+    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint, seen], **trainer_kwargs)
+    trainer.fit(model, datamodule=StreamData(batch_size=8))
+    return model, seen.ids
+
+
+def test_loader_without_length_saves_the_consumed_batch_not_the_one_fetched_ahead(tmp_path, tiny_trainer_kwargs):
+    fit_stream(tmp_path / "stock", tiny_trainer_kwargs, max_steps=7, stock=True)
+    stock = torch.load(tmp_path / "stock" / "epoch=0-step=7.ckpt", weights_only=True)
+    assert stock["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["_num_yielded"] == 8  # one ahead
+    fit_stream(tmp_path / "ours", tiny_trainer_kwargs, max_steps=7)
+    ours = torch.load(tmp_path / "ours" / "epoch=0-step=7.ckpt", weights_only=True)
+    assert ours["callbacks"]["DataStateCheckpoint"]["rank_0"]["loaders"][0]["state"]["_num_yielded"] == 7
+
+
+def test_loader_without_length_resumes_bitwise_exactly(tmp_path, tiny_trainer_kwargs):
+    reference, reference_ids = fit_stream(tmp_path / "reference", tiny_trainer_kwargs, max_steps=15)
+    _, first_ids = fit_stream(tmp_path / "run", tiny_trainer_kwargs, max_steps=7)
+    resumed, resumed_ids = fit_stream(tmp_path / "run", tiny_trainer_kwargs, max_steps=15)
+    assert first_ids + resumed_ids == reference_ids
     for (name, a), (_, b) in zip(reference.state_dict().items(), resumed.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
