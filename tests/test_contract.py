@@ -1,0 +1,58 @@
+"""One contract over every public callback: built from kwargs and from the CLI, state round-trips, reusable."""
+
+from __future__ import annotations
+
+import pytest
+from jsonargparse import ArgumentParser
+from lightning.pytorch import Trainer, seed_everything
+
+from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
+
+CLI_ARGS = {
+    ResumableCheckpoint: ["--cb.dirpath=DIR", "--cb.every_n_train_steps=2", "--cb.every_n_minutes=1.5"],
+    DataStateCheckpoint: [],
+}
+
+
+def build(cls, tmp_path):
+    return cls(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=2) if cls is ResumableCheckpoint else cls()
+
+
+@pytest.mark.parametrize("cls", list(CLI_ARGS), ids=lambda c: c.__name__)
+def test_constructible_from_the_command_line(cls, tmp_path):
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "cb")
+    argv = [arg.replace("DIR", str(tmp_path)) for arg in CLI_ARGS[cls]]
+    callback = parser.instantiate_classes(parser.parse_args(argv)).cb
+    assert isinstance(callback, cls)
+
+
+def test_bad_value_from_the_command_line_is_refused_with_the_argument_name(tmp_path):
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(ResumableCheckpoint, "cb")
+    with pytest.raises(ValueError, match=r"every_n_minutes=0\.0 must be > 0"):
+        parser.instantiate_classes(parser.parse_args([f"--cb.dirpath={tmp_path}", "--cb.every_n_minutes=0"]))
+
+
+@pytest.mark.parametrize("cls", list(CLI_ARGS), ids=lambda c: c.__name__)
+def test_the_same_instance_serves_repeated_fits_and_teardowns(cls, tmp_path, tiny_trainer_kwargs):
+    callback = build(cls, tmp_path)
+    for max_steps in (2, 4):
+        seed_everything(0)
+        trainer = Trainer(max_steps=max_steps, callbacks=[callback], **tiny_trainer_kwargs)
+        trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
+        assert trainer.global_step == max_steps
+        callback.teardown(trainer, trainer.lightning_module, "fit")  # a second teardown is harmless
+
+
+def test_resumable_checkpoint_state_round_trips(tmp_path, tiny_trainer_kwargs):
+    callback = build(ResumableCheckpoint, tmp_path)
+    Trainer(max_steps=2, callbacks=[callback], **tiny_trainer_kwargs).fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8)
+    )
+    state = callback.state_dict()
+    fresh = build(ResumableCheckpoint, tmp_path)
+    fresh.dirpath = callback.dirpath
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state and state["run_id"]
