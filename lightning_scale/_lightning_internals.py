@@ -1,6 +1,6 @@
 """The one place where lightning-scale touches private parts of Lightning.
 
-Lightning 2.6 offers no public hook for three things exact resumption needs; each is wrapped here, and
+Lightning 2.6 offers no public hook for five things exact resumption needs; each is wrapped here, and
 ``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
 
 1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
@@ -9,7 +9,9 @@ Lightning 2.6 offers no public hook for three things exact resumption needs; eac
    must be in place before ``iter()``, which already draws sampler indices);
 3. the layout of Lightning's own loader state in a checkpoint (written by rank 0 only, then loaded into every rank);
 4. the batch Lightning's data fetcher holds ahead for loaders without a length: a loader's ``state_dict()`` then
-   describes the batch after the one the loop consumed, so the state per batch is kept and the consumed one used.
+   describes the batch after the one the loop consumed, so the state per batch is kept and the consumed one used;
+5. building the checkpoint dict without ``Trainer.save_checkpoint``'s barrier, so that a failed write on one rank is
+   reported to all ranks instead of leaving them waiting at that barrier.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.data import sized_len
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "consumed_batches_in_epoch",
     "consumed_loader_states",
     "drop_lightning_loader_state",
+    "dump_checkpoint",
     "is_last_batch_of_epoch",
     "restore_from_when_unset",
     "track_loader_states_when_fetching_ahead",
@@ -44,18 +48,26 @@ def restore_from_when_unset(trainer: pl.Trainer, choose: Callable[[], str | None
 
     ``choose`` runs on every rank at the moment Lightning restores a checkpoint (after ``setup`` and
     ``configure_model``, so collectives and the model's parameters are available). An explicit ``ckpt_path``
-    always wins and ``choose`` is not called.
+    always wins and ``choose`` is not called; outside ``fit`` (validate, test, predict) nothing changes.
     """
     connector = trainer._checkpoint_connector
+    connector.__dict__.pop("resume_start", None)  # a fit that failed before restoring left its wrapper behind
     original = connector.resume_start
 
     def resume_start(checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
-        del connector.resume_start  # one-shot: the class method is visible again
-        if not checkpoint_path:
+        connector.__dict__.pop("resume_start", None)  # one-shot: the class method is visible again
+        if not checkpoint_path and trainer.state.fn == TrainerFn.FITTING:
             checkpoint_path = choose()
         original(checkpoint_path, weights_only)
 
     connector.resume_start = resume_start
+
+
+def dump_checkpoint(trainer: pl.Trainer, weights_only: bool) -> dict[str, Any]:
+    """The checkpoint dict ``Trainer.save_checkpoint`` would write; call on every rank (callbacks may gather)."""
+    if trainer.model is None:
+        raise RuntimeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
+    return trainer._checkpoint_connector.dump_checkpoint(weights_only)
 
 
 def before_train_iterator(trainer: pl.Trainer, fn: Callable[[list[Any]], None]) -> None:

@@ -8,6 +8,7 @@ if this rank were alone. Cross-rank decisions are named votes: :func:`any_rank` 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
@@ -15,12 +16,16 @@ import torch.distributed as dist
 
 __all__ = [
     "DistributedNotInitializedError",
+    "RankFailedError",
     "all_gather_object",
     "all_ranks",
     "any_rank",
     "barrier",
     "broadcast_object",
     "destroy_process_group",
+    "gather_object",
+    "on_every_rank",
+    "on_rank_zero",
     "rank",
     "world_size",
 ]
@@ -30,6 +35,10 @@ T = TypeVar("T")
 
 class DistributedNotInitializedError(RuntimeError):
     """The job runs several processes but this one has no ``torch.distributed`` process group."""
+
+
+class RankFailedError(RuntimeError):
+    """Work that some rank did for the job failed; raised on every rank so that none waits for the others."""
 
 
 def _group_ready() -> bool:
@@ -88,6 +97,15 @@ def all_gather_object(obj: T) -> list[T]:
     return gathered
 
 
+def gather_object(obj: T, dst: int = 0) -> list[T] | None:
+    """Every rank's ``obj``, indexed by rank, on rank ``dst``; ``None`` on the other ranks."""
+    if not _group_ready() or dist.get_world_size() == 1:
+        return [obj]
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, gathered, dst=dst)
+    return gathered
+
+
 def broadcast_object(obj: T, src: int = 0) -> T:
     """Rank ``src``'s ``obj`` on every rank."""
     if not _group_ready() or dist.get_world_size() == 1:
@@ -111,3 +129,41 @@ def destroy_process_group() -> None:
     """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _failure(err: Exception) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+def on_rank_zero(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 only and return its result on every rank.
+
+    An exception in ``fn`` is raised on every rank as :class:`RankFailedError` (chained from the original on rank 0),
+    instead of leaving the other ranks waiting in their next collective.
+    """
+    outcome: tuple[bool, Any] = (True, None)
+    error: Exception | None = None
+    if rank() == 0:
+        try:
+            outcome = (True, fn())
+        except Exception as err:
+            outcome, error = (False, _failure(err)), err
+    ok, value = broadcast_object(outcome)
+    if not ok:
+        raise RankFailedError(f"rank 0: {value}") from error
+    return value
+
+
+def on_every_rank(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on every rank; if it fails on any rank, raise :class:`RankFailedError` on all of them."""
+    error: Exception | None = None
+    value: Any = None
+    try:
+        value = fn()
+    except Exception as err:
+        error = err
+    failures = all_gather_object(None if error is None else _failure(error))
+    failed = [f"rank {r}: {message}" for r, message in enumerate(failures) if message is not None]
+    if failed:
+        raise RankFailedError("; ".join(failed)) from error
+    return value

@@ -24,7 +24,7 @@ def test_constructible_from_the_command_line(cls, tmp_path):
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(cls, "cb")
     argv = [arg.replace("DIR", str(tmp_path)) for arg in CLI_ARGS[cls]]
-    callback = parser.instantiate_classes(parser.parse_args(argv)).cb
+    callback = parser.instantiate(parser.parse_args(argv)).cb
     assert isinstance(callback, cls)
 
 
@@ -32,7 +32,7 @@ def test_bad_value_from_the_command_line_is_refused_with_the_argument_name(tmp_p
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(ResumableCheckpoint, "cb")
     with pytest.raises(ValueError, match=r"every_n_minutes=0\.0 must be > 0"):
-        parser.instantiate_classes(parser.parse_args([f"--cb.dirpath={tmp_path}", "--cb.every_n_minutes=0"]))
+        parser.instantiate(parser.parse_args([f"--cb.dirpath={tmp_path}", "--cb.every_n_minutes=0"]))
 
 
 @pytest.mark.parametrize("cls", list(CLI_ARGS), ids=lambda c: c.__name__)

@@ -80,9 +80,9 @@ class DataStateCheckpoint(Callback):
     def state_dict(self) -> dict[str, Any]:
         if self._trainer is None:
             return {}
-        gathered = distributed.all_gather_object(self._local_state(self._trainer))
-        state: dict[str, Any] = {"version": STATE_VERSION, "world_size": len(gathered)}
-        state.update({f"rank_{r}": rank_state for r, rank_state in enumerate(gathered)})
+        gathered = distributed.gather_object(self._local_state(self._trainer))  # rank 0 writes the checkpoint
+        state: dict[str, Any] = {"version": STATE_VERSION, "world_size": distributed.world_size()}
+        state.update({f"rank_{r}": rank_state for r, rank_state in enumerate(gathered or [])})
         return state
 
     @override
@@ -92,6 +92,8 @@ class DataStateCheckpoint(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self._trainer is None:
+            return  # validate/test/predict restore callbacks too; data positions matter only to fit
         if state_dict.get("version") != STATE_VERSION:
             raise ValueError(
                 f"DataStateCheckpoint state has version {state_dict.get('version')!r}, this lightning-scale reads "

@@ -8,7 +8,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from weakref import proxy
 
 import lightning.pytorch as pl
@@ -18,9 +18,10 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed
-from lightning_scale._lightning_internals import restore_from_when_unset
+from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.checkpoint.manifest import (
+    PREVIOUS_SUFFIX,
     Manifest,
     find_newest_valid,
     list_manifests,
@@ -32,6 +33,9 @@ from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointS
 __all__ = ["ResumableCheckpoint"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+PARTIAL_SUFFIX = ".partial"
 
 
 class ResumableCheckpoint(ModelCheckpoint):
@@ -123,6 +127,9 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.auto_resume = auto_resume
         self.data_state = data_state
         self._run_id: str | None = None
+        self._generation = 0
+        self._resumed_at: tuple[int, int] | None = None
+        self._trainer: pl.Trainer | None = None
         self._store: CheckpointStore | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._last_save_time = 0.0
@@ -139,46 +146,57 @@ class ResumableCheckpoint(ModelCheckpoint):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
-            self.dirpath = f"{trainer.default_root_dir.rstrip('/')}/checkpoints"
-        self._store = CheckpointStore(str(self.dirpath))
-        if stage == "fit":
-            self._check_writable(trainer)  # before ModelCheckpoint lists the directory, so every rank fails alike
+            self.dirpath = _default_dirpath(trainer)
+        if stage == "fit":  # before ModelCheckpoint lists the directory, so that every rank fails alike
+            self._store = CheckpointStore(str(self.dirpath))
+            self._on_storage(self.store.check_writable)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)  # a non-empty directory is what resuming looks like
+        self._store = CheckpointStore(str(self.dirpath))  # rank 0's dirpath, as ModelCheckpoint broadcast it
         if stage != "fit":
             return
+        self._trainer = trainer
+        self._on_storage(self._remove_partial_files, "Cleaning unfinished saves")
         self._run_id = distributed.broadcast_object(uuid.uuid4().hex)
+        self._generation, self._resumed_at = 0, None
         if self.data_state and not any(isinstance(cb, DataStateCheckpoint) for cb in trainer.callbacks):
-            data_state = DataStateCheckpoint()
-            trainer.callbacks.append(data_state)
-            data_state.setup(trainer, pl_module, stage)
+            trainer.callbacks.append(DataStateCheckpoint())  # Lightning's setup loop reaches it next
         if self.auto_resume:
             restore_from_when_unset(trainer, lambda: self._choose_resume_checkpoint(trainer))
 
-    def _check_writable(self, trainer: pl.Trainer) -> None:
-        error = None
-        if trainer.is_global_zero:
-            try:
-                self.store.check_writable()
-            except CheckpointStorageError as err:
-                error = str(err)
-        error = distributed.broadcast_object(error)
-        if error is not None:
-            raise CheckpointStorageError(error)
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        self._trainer = None
+
+    def _on_storage(self, fn: Callable[[], T], what: str = "", every_rank: bool = False) -> T:
+        """Run storage work on rank 0 (or every rank) and raise ``CheckpointStorageError`` on all ranks if it fails."""
+        try:
+            return distributed.on_every_rank(fn) if every_rank else distributed.on_rank_zero(fn)
+        except distributed.RankFailedError as err:
+            if isinstance(err.__cause__, CheckpointStorageError):
+                raise err.__cause__ from err
+            raise CheckpointStorageError(
+                f"{what or 'Checkpoint storage'} failed ({err}) in {self.dirpath}. Earlier checkpoints are untouched; "
+                "check the storage (space, permissions, credentials) and re-run to resume."
+            ) from err
+
+    def _remove_partial_files(self) -> None:
+        for name in self.store.names():
+            if name.endswith(PARTIAL_SUFFIX):  # a save that never finished; never a checkpoint
+                self.store.remove(name)
 
     def _choose_resume_checkpoint(self, trainer: pl.Trainer) -> str | None:
-        found: tuple[Manifest | None, list[str]] = (None, [])
-        if trainer.is_global_zero:
-            found = find_newest_valid(self.store)
-        manifest, skipped = distributed.broadcast_object(found)
+        if trainer.global_step > 0:
+            return None  # a second fit on this Trainer continues from memory, which is at least as new
+        manifest, skipped = self._on_storage(lambda: find_newest_valid(self.store), "Looking for a checkpoint")
         for line in skipped:
             rank_zero_warn(f"Not resuming from {line}; looking for an older valid checkpoint.")
         if manifest is None:
             rank_zero_info(f"No valid checkpoint in {self.dirpath}: starting from scratch.")
             return None
         _check_same_model(manifest, trainer.lightning_module, self.store.url(manifest.name))
-        self._run_id = manifest.run_id
         path = self.store.url(manifest.name)
         age_s = time.time() - manifest.created_unix
         rank_zero_info(
@@ -191,6 +209,15 @@ class ResumableCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._last_save_time = self._clock()
+        position = self._resumed_at or (self._generation, trainer.global_step)
+        newer, top_generation = self._on_storage(lambda: _newer_checkpoints(self.store, position), "Listing")
+        if newer:
+            self._generation = top_generation + 1
+            shown = ", ".join(newer[:3]) + (f" and {len(newer) - 3} more" if len(newer) > 3 else "")
+            rank_zero_warn(
+                f"{self.dirpath} holds checkpoints newer than the state this fit starts from ({shown}). They are "
+                f"kept, but this run's checkpoints (generation {self._generation}) supersede them on resume."
+            )
 
     @override
     def on_train_batch_end(
@@ -205,8 +232,10 @@ class ResumableCheckpoint(ModelCheckpoint):
         if self.every_n_minutes is None:
             return
         elapsed = self._clock() - self._last_save_time
-        due = distributed.any_rank(elapsed >= timedelta(minutes=self.every_n_minutes).total_seconds())
-        if due and not self._should_skip_saving_checkpoint(trainer):
+        if not distributed.any_rank(elapsed >= timedelta(minutes=self.every_n_minutes).total_seconds()):
+            return
+        self._last_save_time = self._clock()  # also when top-k declines, so the next try is a full interval away
+        if not self._should_skip_saving_checkpoint(trainer):
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
@@ -214,33 +243,34 @@ class ResumableCheckpoint(ModelCheckpoint):
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         name = self._name_in_dir(filepath)
-        temporary = f".{name}.partial"
-        trainer.save_checkpoint(self.store.url(temporary), self.save_weights_only)
-        error = None
-        if trainer.is_global_zero:
-            try:
-                publish_checkpoint(
-                    self.store,
-                    temporary,
-                    name,
-                    global_step=trainer.global_step,
-                    epoch=trainer.current_epoch,
-                    run_id=str(self._run_id),
-                    world_size=trainer.world_size,
-                    tensor_shapes=_tensor_shapes(trainer.lightning_module),
-                )
-                self._apply_retention()
-            except OSError as err:
-                error = f"Saving checkpoint {self.store.url(name)} failed: {type(err).__name__}: {err}"
-        error = distributed.broadcast_object(error)
-        if error is not None:
-            raise CheckpointStorageError(error + ". Earlier checkpoints are untouched; check the storage.")
+        temporary = f".{name}{PARTIAL_SUFFIX}"
+        checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers data state
+        what = f"Saving checkpoint {name}"
+        self._on_storage(lambda: trainer.strategy.save_checkpoint(checkpoint, self.store.url(temporary)), what, True)
+        self._on_storage(lambda: self._publish(trainer, temporary, name), what)
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         self._last_save_time = self._clock()
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+
+    def _publish(self, trainer: pl.Trainer, temporary: str, name: str) -> None:
+        publish_checkpoint(
+            self.store,
+            temporary,
+            name,
+            global_step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            run_id=str(self._run_id),
+            generation=self._generation,
+            world_size=trainer.world_size,
+            tensor_shapes=_tensor_shapes(trainer.lightning_module),
+        )
+        try:
+            self._apply_retention()
+        except OSError as err:  # the new checkpoint is safe; an old one stays until the next save retries
+            warnings.warn(f"Removing old checkpoints from {self.dirpath} failed ({err}); they are kept.", stacklevel=2)
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
@@ -254,31 +284,51 @@ class ResumableCheckpoint(ModelCheckpoint):
     def _apply_retention(self) -> None:
         if self.keep_last_k is None or self.monitor is not None:
             return
-        protected = {self._name_in_dir(p) for p in (self.best_model_path, self.last_model_path) if p}
+        last = self._name_in_dir(self.last_model_path) if self.last_model_path else None
         manifests, _ = list_manifests(self.store)
-        ours = [m for m in manifests if m.run_id == self._run_id]
+        ours = [
+            m
+            for m in manifests
+            if m.run_id == self._run_id and m.generation == self._generation and m.name != last
+            and not m.name.endswith(PREVIOUS_SUFFIX)
+        ]  # fmt: skip
         for manifest in ours[self.keep_last_k :]:
-            if manifest.name not in protected:
-                self._remove(manifest.name)
+            self._remove(manifest.name)
 
     def _name_in_dir(self, filepath: str) -> str:
         return str(filepath).rstrip("/").rsplit("/", 1)[-1]
 
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
-        manifest, skipped = find_newest_valid(self.store)
+        store = CheckpointStore(str(self.dirpath or _default_dirpath(trainer)))
+        manifest, skipped = find_newest_valid(store)
         for line in skipped:
             rank_zero_warn(f"Not resuming from {line}; looking for an older valid checkpoint.")
-        return set() if manifest is None else {self.store.url(manifest.name)}
+        return set() if manifest is None else {store.url(manifest.name)}
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "run_id": self._run_id}
+        step = self._trainer.global_step if self._trainer is not None else None
+        return {**super().state_dict(), "run_id": self._run_id, "generation": self._generation, "global_step": step}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._run_id = state_dict.get("run_id", self._run_id)
+        self._generation = state_dict.get("generation", 0)
+        if state_dict.get("global_step") is not None:
+            self._resumed_at = (self._generation, state_dict["global_step"])
+
+
+def _default_dirpath(trainer: pl.Trainer) -> str:
+    return f"{str(trainer.default_root_dir).rstrip('/')}/checkpoints"
+
+
+def _newer_checkpoints(store: CheckpointStore, position: tuple[int, int]) -> tuple[list[str], int]:
+    """Checkpoints in ``store`` ahead of ``(generation, global_step)``, and the highest generation there."""
+    manifests, _ = list_manifests(store)
+    newer = [m.name for m in manifests if (m.generation, m.global_step) > position]
+    return newer, max((m.generation for m in manifests), default=0)
 
 
 def _tensor_shapes(module: pl.LightningModule) -> dict[str, list[int]]:

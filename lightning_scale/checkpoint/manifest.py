@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_VERSION = 1
+PREVIOUS_SUFFIX = ".previous"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,13 +47,21 @@ class Manifest:
     world_size: int
     created_unix: float
     tensor_shapes: dict[str, list[int]]
+    generation: int = 0
     version: int = MANIFEST_VERSION
 
+    @property
+    def order(self) -> tuple[int, int, float]:
+        """Sort key, newest last: a resume from an older checkpoint starts a new generation that supersedes it."""
+        return (self.generation, self.global_step, self.created_unix)
+
     def to_json(self) -> bytes:
+        """The manifest as UTF-8 JSON."""
         return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
+        """Parse a manifest; ``ValueError`` (or ``TypeError`` for unknown fields) when it is not one."""
         raw: Any = json.loads(data)
         if not isinstance(raw, dict):
             raise ValueError(f"a manifest is a JSON object, not {type(raw).__name__}")
@@ -62,36 +71,41 @@ class Manifest:
 
 
 def manifest_name(checkpoint_name: str) -> str:
+    """The name of the manifest that vouches for ``checkpoint_name``."""
     return checkpoint_name + MANIFEST_SUFFIX
 
 
-def publish_checkpoint(
-    store: CheckpointStore,
-    temporary: str,
-    name: str,
-    *,
-    global_step: int,
-    epoch: int,
-    run_id: str,
-    world_size: int,
-    tensor_shapes: dict[str, list[int]],
-) -> Manifest:
-    """Hash the finished file ``temporary``, rename it to ``name`` and publish its manifest (last)."""
+def publish_checkpoint(store: CheckpointStore, temporary: str, name: str, **fields: Any) -> Manifest:
+    """Hash the finished file ``temporary``, rename it to ``name`` and publish its manifest (last).
+
+    ``fields`` are the remaining :class:`Manifest` fields (``global_step``, ``epoch``, ``run_id``, ...). When ``name``
+    already holds a checkpoint (``last.ckpt``, a ``filename`` without ``{step}``), that one is first set aside as
+    ``<name>.previous`` with its own manifest, so that a crash at any point leaves a valid copy of the old or the new.
+    """
     manifest = Manifest(
-        name=name,
-        size=store.size(temporary),
-        sha256=store.sha256(temporary),
-        global_step=global_step,
-        epoch=epoch,
-        run_id=run_id,
-        world_size=world_size,
-        created_unix=time.time(),
-        tensor_shapes=tensor_shapes,
+        name=name, size=store.size(temporary), sha256=store.sha256(temporary), created_unix=time.time(), **fields
     )
-    store.remove(manifest_name(name))  # an old manifest must never vouch for the new file
+    aside = _set_aside(store, name)
     store.publish(temporary, name)
     store.write_bytes(manifest_name(name), manifest.to_json())
+    if aside is not None:
+        store.remove(manifest_name(aside))
+        store.remove(aside)
     return manifest
+
+
+def _set_aside(store: CheckpointStore, name: str) -> str | None:
+    """Move an existing checkpoint ``name`` to ``<name>.previous``, vouched for at every moment."""
+    try:
+        old = read_manifest(store, name)
+    except (OSError, ValueError, TypeError):
+        store.remove(manifest_name(name))  # nothing valid to keep; an old manifest must never vouch for a new file
+        return None
+    aside = name + PREVIOUS_SUFFIX
+    store.write_bytes(manifest_name(aside), dataclasses.replace(old, name=aside).to_json())
+    store.publish(name, aside)
+    store.remove(manifest_name(name))
+    return aside
 
 
 def read_manifest(store: CheckpointStore, checkpoint_name: str) -> Manifest:
@@ -101,13 +115,16 @@ def read_manifest(store: CheckpointStore, checkpoint_name: str) -> Manifest:
 
 def validate(store: CheckpointStore, manifest: Manifest) -> str | None:
     """Why the checkpoint described by ``manifest`` is unusable, or ``None`` when it is complete and intact."""
-    if not store.exists(manifest.name):
-        return "the checkpoint file is missing"
-    size = store.size(manifest.name)
-    if size != manifest.size:
-        return f"size is {size} bytes, the manifest says {manifest.size} (truncated or partly written)"
-    if store.sha256(manifest.name) != manifest.sha256:
-        return "sha256 does not match the manifest (corrupted)"
+    try:
+        if not store.exists(manifest.name):
+            return "the checkpoint file is missing"
+        size = store.size(manifest.name)
+        if size != manifest.size:
+            return f"size is {size} bytes, the manifest says {manifest.size} (truncated or partly written)"
+        if store.sha256(manifest.name) != manifest.sha256:
+            return "sha256 does not match the manifest (corrupted)"
+    except OSError as err:  # e.g. removed by another process while we read it
+        return f"cannot be read ({type(err).__name__}: {err})"
     return None
 
 
@@ -121,9 +138,9 @@ def list_manifests(store: CheckpointStore) -> tuple[list[Manifest], list[str]]:
             continue
         try:
             manifests.append(Manifest.from_json(store.read_bytes(name)))
-        except (ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError):
             orphans.append(name.removesuffix(MANIFEST_SUFFIX))
-    manifests.sort(key=lambda m: (m.global_step, m.created_unix), reverse=True)
+    manifests.sort(key=lambda m: m.order, reverse=True)
     return manifests, orphans
 
 

@@ -13,17 +13,21 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
+
+COLLECTIVE_TIMEOUT_S = 120
 
 
 def _load(spec: str) -> Any:
@@ -121,7 +125,8 @@ def main(config_path: str) -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
+        # a collective that hangs fails with a traceback instead of waiting for the harness to kill the job
+        strategy=DDPStrategy(timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)) if devices > 1 else "auto",
         max_steps=config["steps"],
         callbacks=callbacks,
         logger=False,

@@ -17,7 +17,13 @@ import torch
 
 from lightning_scale.testing.processes import kill_process_tree
 
-__all__ = ["ResumeReport", "assert_exact_resume"]
+__all__ = ["ResumeReport", "assert_exact_resume", "run_interrupted_and_reference"]
+
+
+_RUNNER_TRAINER_ARGS = {
+    "accelerator", "devices", "strategy", "max_steps", "callbacks", "logger", "enable_progress_bar",
+    "enable_model_summary",
+}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -162,9 +168,20 @@ def run_interrupted_and_reference(
     timeout_s: float = 300.0,
 ) -> ResumeReport:
     """Run both jobs of :func:`assert_exact_resume` and return their report without asserting."""
+    every = checkpoint_every or interrupt_at
     if not 0 < interrupt_at < steps:
         raise ValueError(f"interrupt_at={interrupt_at} must be between 0 and steps={steps} (exclusive).")
+    if interrupt_at % every:
+        raise ValueError(
+            f"interrupt_at={interrupt_at} is not a multiple of checkpoint_every={every}: no checkpoint is written at "
+            "that step. Choose interrupt_at as a multiple of checkpoint_every."
+        )
+    clashes = sorted(set(trainer_kwargs or {}) & _RUNNER_TRAINER_ARGS)
+    if clashes:
+        raise ValueError(f"trainer_kwargs may not set {clashes}: assert_exact_resume sets them itself.")
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="exact-resume-"))
+    if root.exists() and any(root.iterdir()):
+        raise ValueError(f"workdir={str(root)!r} is not empty; old checkpoints there would be resumed. Use a new one.")
     base = {
         "model_factory": _importable(model_factory, "model_factory"),
         "datamodule_factory": _importable(datamodule_factory, "datamodule_factory"),
@@ -172,7 +189,7 @@ def run_interrupted_and_reference(
         "devices": devices,
         "seed": seed,
         "checkpoint": checkpoint,
-        "checkpoint_every": checkpoint_every or interrupt_at,
+        "checkpoint_every": every,
         "trainer_kwargs": trainer_kwargs or {},
         "trace_params": trace_params,
         "sys_path": [p for p in sys.path if p],

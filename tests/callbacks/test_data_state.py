@@ -20,15 +20,25 @@ def rank_state(end_of_epoch: bool) -> dict:
     return {"epoch": 3, "end_of_epoch": end_of_epoch, "batches_consumed": 17, "loaders": [], "rng": None}
 
 
+def fitting(callback: DataStateCheckpoint) -> DataStateCheckpoint:
+    callback.setup(Trainer(logger=False, enable_progress_bar=False), None, "fit")
+    return callback
+
+
 def test_mid_epoch_checkpoint_from_another_world_size_is_refused():
     state = {"version": 1, "world_size": 2, "rank_0": rank_state(False), "rank_1": rank_state(False)}
     with pytest.raises(ValueError, match=r"written by 2 processes in the middle of epoch 3.*Resume with 2 processes"):
-        DataStateCheckpoint().load_state_dict(state)
+        fitting(DataStateCheckpoint()).load_state_dict(state)
+
+
+def test_outside_fit_the_data_state_is_ignored():
+    state = {"version": 1, "world_size": 2, "rank_0": rank_state(False), "rank_1": rank_state(False)}
+    DataStateCheckpoint().load_state_dict(state)  # e.g. trainer.validate(ckpt_path=...) on another world size
 
 
 def test_end_of_epoch_checkpoint_from_another_world_size_resumes_with_a_warning():
     state = {"version": 1, "world_size": 2, "rank_0": rank_state(True), "rank_1": rank_state(True)}
-    callback = DataStateCheckpoint()
+    callback = fitting(DataStateCheckpoint())
     with pytest.warns(UserWarning, match=r"written by 2 processes with 1: the next epoch is split for 1"):
         callback.load_state_dict(state)
     assert callback._pending == {"epoch": 3, "end_of_epoch": True, "loaders": None, "rng": None}
@@ -36,7 +46,7 @@ def test_end_of_epoch_checkpoint_from_another_world_size_resumes_with_a_warning(
 
 def test_unknown_state_version_is_refused():
     with pytest.raises(ValueError, match=r"version 99.*reads version 1"):
-        DataStateCheckpoint().load_state_dict({"version": 99, "world_size": 1})
+        fitting(DataStateCheckpoint()).load_state_dict({"version": 99, "world_size": 1})
 
 
 def test_lightning_shuffle_wrapper_is_refused_with_the_fix():

@@ -189,7 +189,45 @@ def test_failed_save_raises_and_keeps_earlier_checkpoints(tmp_path, tiny_trainer
         original(self, temporary, name)
 
     monkeypatch.setattr(CheckpointStore, "publish", publish_then_fail)
-    with pytest.raises(CheckpointStorageError, match=r"step=4\.ckpt failed: OSError: disk full.*untouched"):
+    with pytest.raises(CheckpointStorageError, match=r"step=4\.ckpt failed .*OSError: disk full.*untouched"):
         fit(tmp_path, tiny_trainer_kwargs, max_steps=6, every_n_train_steps=2, keep_last_k=1)
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path)))
     assert manifest is not None and manifest.name == "epoch=0-step=2.ckpt"
+
+
+def test_a_second_fit_on_the_same_trainer_continues_instead_of_rewinding(tmp_path, tiny_trainer_kwargs):
+    seed_everything(0)
+    first = FirstStep()
+    checkpoint = ResumableCheckpoint(dirpath=str(tmp_path), every_n_train_steps=4)
+    trainer = Trainer(max_steps=5, callbacks=[checkpoint, first], **tiny_trainer_kwargs)
+    model, data = CharTransformer(vocab_size=64), CharDataModule(batch_size=8)
+    trainer.fit(model, datamodule=data)
+    trainer.fit_loop.epoch_loop.max_steps = 7
+    trainer.fit(model, datamodule=data)
+    assert first.first_step == 5 and trainer.global_step == 7  # not back to the step-4 checkpoint
+
+
+def test_resuming_an_older_checkpoint_starts_a_generation_that_wins_the_next_auto_resume(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=10, every_n_train_steps=5)
+    older = str(tmp_path / "epoch=0-step=5.ckpt")
+    with pytest.warns(UserWarning, match=r"newer than the state this fit starts from \(epoch=0-step=10\.ckpt\)"):
+        _, _, _, first_step = fit(tmp_path, tiny_trainer_kwargs, max_steps=8, every_n_train_steps=4, ckpt_path=older)
+    assert first_step == 5 and (tmp_path / "epoch=0-step=10.ckpt").exists()  # superseded, not deleted
+    _, _, _, first_step = fit(tmp_path, tiny_trainer_kwargs, max_steps=9, every_n_train_steps=4)
+    assert first_step == 8  # the rolled-back line of work, not the abandoned step 10
+
+
+def test_save_last_is_published_with_a_manifest_and_not_counted_by_keep_last_k(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=8, every_n_train_steps=2, keep_last_k=2, save_last=True)
+    assert ckpt_names(tmp_path) == ["epoch=0-step=6.ckpt", "epoch=0-step=8.ckpt", "last.ckpt"]
+    manifest, skipped = find_newest_valid(CheckpointStore(str(tmp_path)))
+    assert manifest is not None and manifest.global_step == 8 and skipped == []
+    assert not [p for p in tmp_path.iterdir() if ".previous" in p.name or ".partial" in p.name]
+
+
+def test_validate_after_fit_with_the_callbacks_present_works(tmp_path, tiny_trainer_kwargs):
+    _, model, checkpoint, _ = fit(tmp_path, tiny_trainer_kwargs, max_steps=4, every_n_train_steps=2)
+    kwargs = {**tiny_trainer_kwargs, "limit_val_batches": 2}
+    Trainer(callbacks=[ResumableCheckpoint(dirpath=str(tmp_path))], **kwargs).validate(
+        model, datamodule=CharDataModule(batch_size=8), ckpt_path=checkpoint.best_model_path
+    )
