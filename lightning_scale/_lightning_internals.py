@@ -26,6 +26,8 @@ from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
+from lightning_scale import knobs
+
 __all__ = [
     "CHECKPOINT_FIT_LOOP_KEYS",
     "before_train_iterator",
@@ -125,7 +127,7 @@ class _StateTrackingCombinedLoader(CombinedLoader):
     state_history: deque[list[Any]]
 
     def __iter__(self) -> _StateTrackingCombinedLoader:
-        self.state_history = deque(maxlen=4)
+        self.state_history = deque(maxlen=knobs.LOADER_STATE_HISTORY)
         return super().__iter__()
 
     def __next__(self) -> Any:

@@ -48,10 +48,14 @@ class ResumableCheckpoint(ModelCheckpoint):
       a vote of all ranks at the same step, so no rank saves alone and none waits forever;
     - **atomic**: each file is written under a temporary name, flushed (``fsync`` on local disk), renamed, and then
       vouched for by ``<name>.manifest.json`` holding its size and sha256; a partial or corrupt checkpoint is never
-      chosen for resume, the newest valid one is, with a warning naming the bad file;
-    - **retention**: ``keep_last_k`` newest checkpoints of this run are kept (with ``monitor`` set, the best
-      ``save_top_k`` are kept as ``ModelCheckpoint`` does); the newest valid checkpoint is never deleted, and
-      checkpoints of other runs in the same directory are never touched;
+      chosen for resume, the newest valid one is, with a warning naming the bad file. A name that already holds a
+      checkpoint (``last.ckpt``) is replaced only after the old one was set aside, so a crash never loses both;
+    - **retention**: ``keep_last_k`` newest checkpoints of this run are kept, ``last.ckpt`` not counted (with
+      ``monitor`` set, the best ``save_top_k`` are kept as ``ModelCheckpoint`` does); the newest valid checkpoint is
+      never deleted, and checkpoints of other runs in the same directory are never touched;
+    - **generations**: a fit that starts behind newer checkpoints in ``dirpath`` (``ckpt_path`` set to an older
+      one, or a fresh run beside an old one) warns, keeps them, and writes a new generation that the next
+      auto-resume prefers; storage failures on rank 0 raise ``CheckpointStorageError`` on every rank;
     - **storage**: ``dirpath`` is a local path or any fsspec URL (``memory://``, ``s3://``, ``gs://``, ...);
     - **auto-resume**: when ``fit`` starts without ``ckpt_path``, it resumes from the newest valid checkpoint in
       ``dirpath``, so an orchestrator that re-runs the same command continues the job;

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from lightning_scale import knobs
+
 __all__ = ["CheckpointStorageError", "CheckpointStore"]
 
 log = logging.getLogger(__name__)
-
-_HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class CheckpointStorageError(OSError):
@@ -92,7 +92,7 @@ class CheckpointStore:
 
     def _chunks(self, name: str) -> Iterator[bytes]:
         with self.fs.open(self.path(name), "rb") as handle:
-            while chunk := handle.read(_HASH_CHUNK_BYTES):
+            while chunk := handle.read(knobs.HASH_CHUNK_BYTES):
                 yield chunk
 
     def read_bytes(self, name: str) -> bytes:

@@ -23,11 +23,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
-from lightning_scale import distributed
+from lightning_scale import distributed, knobs
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
-
-COLLECTIVE_TIMEOUT_S = 120
 
 
 def _load(spec: str) -> Any:
@@ -126,7 +124,7 @@ def main(config_path: str) -> None:
         accelerator="cpu",
         devices=devices,
         # a collective that hangs fails with a traceback instead of waiting for the harness to kill the job
-        strategy=DDPStrategy(timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)) if devices > 1 else "auto",
+        strategy=DDPStrategy(timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S)) if devices > 1 else "auto",
         max_steps=config["steps"],
         callbacks=callbacks,
         logger=False,

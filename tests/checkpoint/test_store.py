@@ -8,7 +8,7 @@ import uuid
 import fsspec
 import pytest
 
-from lightning_scale.checkpoint import store as store_module
+from lightning_scale import knobs
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
 
 
@@ -91,7 +91,7 @@ def test_remove_deletes_a_file_and_ignores_a_missing_one(ready_store):
 
 
 def test_sha256_matches_hashlib_across_several_chunks(ready_store, monkeypatch):
-    monkeypatch.setattr(store_module, "_HASH_CHUNK_BYTES", 7)  # 1000 bytes are read in 143 chunks
+    monkeypatch.setattr(knobs, "HASH_CHUNK_BYTES", 7)  # 1000 bytes are read in 143 chunks
     data = bytes((i * 31) % 251 for i in range(1000))
     ready_store.write_bytes("a.bin", data)
     assert ready_store.sha256("a.bin") == hashlib.sha256(data).hexdigest()
