@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
@@ -55,20 +57,31 @@ def main() -> None:
 
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
-    ckpt_dir = workdir / "checkpoints"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        "examples/train.py", "--ckpt-dir", str(ckpt_dir), "--steps", str(args.steps),
-    ]  # fmt: skip
-    print(">>> Attempt 1:", " ".join(command[1:]), flush=True)
+
+    def command(name: str) -> list[str]:
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "examples/train.py",
+            "--ckpt-dir", str(workdir / name / "checkpoints"), "--steps", str(args.steps),
+            "--save-weights", str(workdir / name / "final.pt"),
+        ]  # fmt: skip
+
     started = time.monotonic()
-    run(command, args.kill_after, ckpt_dir, timeout_s=300)
+    print(">>> Attempt 1:", " ".join(command("job")[1:]), flush=True)
+    run(command("job"), args.kill_after, workdir / "job" / "checkpoints", timeout_s=300)
     print(">>> Attempt 2: the same command again", flush=True)
-    code = run(command, None, ckpt_dir, timeout_s=300)
-    if code != 0:
-        raise SystemExit(f"the resumed job failed with exit code {code}")
-    print(f">>> Done: {args.steps} steps across 2 attempts in {time.monotonic() - started:.0f} s; "
-          f"checkpoints in {ckpt_dir}")  # fmt: skip
+    if run(command("job"), None, workdir / "job" / "checkpoints", timeout_s=300) != 0:
+        raise SystemExit("the resumed job failed")
+    elapsed = time.monotonic() - started
+    print(">>> For comparison, the same job without interruption", flush=True)
+    if run(command("uninterrupted"), None, workdir / "uninterrupted" / "checkpoints", timeout_s=300) != 0:
+        raise SystemExit("the uninterrupted job failed")
+    resumed = torch.load(workdir / "job" / "final.pt", weights_only=True)
+    reference = torch.load(workdir / "uninterrupted" / "final.pt", weights_only=True)
+    identical = all(torch.equal(resumed[name], tensor) for name, tensor in reference.items())
+    print(f">>> Killed and resumed job: {args.steps} steps in {elapsed:.0f} s over 2 attempts. Final weights "
+          f"{'bitwise IDENTICAL to' if identical else 'DIFFERENT from'} the uninterrupted run.")  # fmt: skip
+    if not identical:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

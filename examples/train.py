@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps to train")
     parser.add_argument("--every-n-steps", type=int, default=25, help="checkpoint interval in steps")
     parser.add_argument("--num-workers", type=int, default=0, help="dataloader worker processes per rank")
+    parser.add_argument("--save-weights", default=None, help="write the final weights here (rank 0)")
     args = parser.parse_args()
 
     pl.seed_everything(0, verbose=False)
@@ -48,6 +50,8 @@ def main() -> None:
     model = CharTransformer(vocab_size=64)
     trainer.fit(model, datamodule=CharDataModule(batch_size=8, num_workers=args.num_workers, augment=True))
     distributed.destroy_process_group()
+    if args.save_weights and trainer.is_global_zero:
+        torch.save(model.state_dict(), args.save_weights)
     loss = trainer.callback_metrics.get("train_loss")
     if trainer.is_global_zero and loss is not None:
         print(f"Finished at step {trainer.global_step}, train_loss {float(loss):.4f}")
