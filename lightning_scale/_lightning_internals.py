@@ -1,6 +1,6 @@
 """The one place where lightning-scale touches private parts of Lightning.
 
-Lightning 2.6 offers no public hook for five things exact resumption needs; each is wrapped here, and
+Lightning 2.6 offers no public hook for six things exact resumption needs; each is wrapped here, and
 ``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
 
 1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
@@ -11,7 +11,10 @@ Lightning 2.6 offers no public hook for five things exact resumption needs; each
 4. the batch Lightning's data fetcher holds ahead for loaders without a length: a loader's ``state_dict()`` then
    describes the batch after the one the loop consumed, so the state per batch is kept and the consumed one used;
 5. building the checkpoint dict without ``Trainer.save_checkpoint``'s barrier, so that a failed write on one rank is
-   reported to all ranks instead of leaving them waiting at that barrier.
+   reported to all ranks instead of leaving them waiting at that barrier;
+6. replacing Lightning's SIGTERM handler (it runs a collective inside the handler) — done by installing ours after
+   Lightning's, in ``on_train_start`` — and stopping dataloader worker processes before an emergency exit (Lightning's
+   ``CombinedLoader.reset`` only stops torch's own multi-process iterator, not torchdata's).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "dump_checkpoint",
     "is_last_batch_of_epoch",
     "restore_from_when_unset",
+    "shut_down_dataloader_workers",
     "track_loader_states_when_fetching_ahead",
     "train_loaders",
     "unrepeatable_shuffle",
@@ -165,3 +169,15 @@ def consumed_loader_states(trainer: pl.Trainer) -> list[Any]:
             "the data position cannot be saved exactly. Please report this with your Lightning version."
         )
     return history[-1 - ahead]
+
+
+def shut_down_dataloader_workers(trainer: pl.Trainer) -> None:
+    """Stop the worker processes of every train and validation dataloader (torch's and torchdata's iterators)."""
+    loops = [trainer.fit_loop, trainer.fit_loop.epoch_loop.val_loop]
+    for combined in (getattr(loop, "_combined_loader", None) for loop in loops):
+        for loader in [] if combined is None else combined.flattened:
+            iterator = getattr(loader, "_iterator", None)
+            if callable(getattr(iterator, "_shutdown_workers", None)):
+                iterator._shutdown_workers()
+            if iterator is not None:
+                loader._iterator = None

@@ -2,5 +2,6 @@
 
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
+from lightning_scale.callbacks.spot_preemption import SpotPreemption
 
-__all__ = ["DataStateCheckpoint", "ResumableCheckpoint"]
+__all__ = ["DataStateCheckpoint", "ResumableCheckpoint", "SpotPreemption"]

@@ -137,6 +137,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._store: CheckpointStore | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._last_save_time = 0.0
+        self.last_save_seconds: float | None = None
+        """Wall time of the latest save, from building the state to the published manifest."""
 
     @property
     def store(self) -> CheckpointStore:
@@ -244,8 +246,21 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
 
+    def save_now(self, trainer: pl.Trainer) -> str:
+        """Save a checkpoint of the current step now, whatever the triggers say; call on every rank.
+
+        Used on preemption. Returns the checkpoint's path; when this step is already saved, returns that one.
+        """
+        if self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved:
+            return self._last_checkpoint_saved
+        candidates = self._monitor_candidates(trainer)
+        filepath = self._get_metric_interpolated_filepath_name(candidates, trainer)
+        self._save_checkpoint(trainer, filepath)
+        return filepath
+
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        started = time.monotonic()
         name = self._name_in_dir(filepath)
         temporary = f".{name}{PARTIAL_SUFFIX}"
         checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers data state
@@ -255,6 +270,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         self._last_save_time = self._clock()
+        self.last_save_seconds = time.monotonic() - started
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))

@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -24,8 +25,9 @@ from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
-from lightning_scale.callbacks import ResumableCheckpoint
+from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
+from lightning_scale.preemption import SignalNotice
 
 
 def _load(spec: str) -> Any:
@@ -98,6 +100,23 @@ class _BlockAfterCheckpoint(Callback):
         return manifest is not None and manifest.global_step >= self.step
 
 
+class _SignalAt(Callback):
+    """On a fresh attempt, send ``signal`` to this process on rank ``rank`` when training reaches ``step``."""
+
+    def __init__(self, step: int, rank: int, signal: str = "SIGTERM") -> None:
+        self.step, self.rank, self.signal = step, rank, signal
+        self.resumed = False
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.resumed = trainer.global_step > 0
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
+        if not self.resumed and trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), signal.Signals[self.signal])
+
+
 def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
     sys.path[:0] = [p for p in config["sys_path"] if p not in sys.path]
@@ -118,6 +137,10 @@ def main(config_path: str) -> None:
     callbacks: list[Callback] = [_Tracer(out_dir, config["trace_params"]), checkpoint]
     if config["interrupt_at"] is not None:
         callbacks.append(_BlockAfterCheckpoint(config["interrupt_at"], config["ckpt_dir"], config["marker"], stock))
+    if config.get("spot_preemption"):
+        callbacks.append(SpotPreemption(sources=[SignalNotice(signals=("SIGTERM",))]))
+    if config.get("signal_at") is not None:
+        callbacks.append(_SignalAt(**config["signal_at"]))
 
     devices = config["devices"]
     trainer = pl.Trainer(

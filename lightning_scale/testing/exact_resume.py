@@ -195,10 +195,10 @@ def run_interrupted_and_reference(
         "sys_path": [p for p in sys.path if p],
     }
     reference = _job(root / "reference", {**base, "interrupt_at": None})
-    _attempt(reference, timeout_s, expect_marker=False)
+    _attempt(reference, timeout_s, expect="finish")
     interrupted = _job(root / "interrupted", {**base, "interrupt_at": interrupt_at})
-    _attempt(interrupted, timeout_s, expect_marker=True)
-    _attempt(interrupted, timeout_s, expect_marker=False)  # the same command again: it must resume by itself
+    _attempt(interrupted, timeout_s, expect="marker")
+    _attempt(interrupted, timeout_s, expect="finish")  # the same command again: it must resume by itself
     return ResumeReport(
         reference=_traces(reference.parent, devices),
         resumed=_traces(interrupted.parent, devices),
@@ -228,28 +228,24 @@ def _command(config_path: Path, devices: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}", *runner]
 
 
-def _attempt(config_path: Path, timeout_s: float, expect_marker: bool) -> None:
+def _attempt(config_path: Path, timeout_s: float, expect: Literal["finish", "marker", "failure"]) -> int:
+    """Run the job once; ``marker``: SIGKILL it when the runner says so; ``failure``: it must exit non-zero."""
     config = json.loads(config_path.read_text())
     out_dir = Path(config["out_dir"])
     marker = Path(config["marker"])
     marker.unlink(missing_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(config["sys_path"])}
+    command = _command(config_path, config["devices"])
     with open(out_dir / "log.txt", "a") as log:
-        log.write(f"\n===== attempt: {' '.join(_command(config_path, config['devices']))}\n")
+        log.write(f"\n===== attempt: {' '.join(command)}\n")
         log.flush()
-        process = subprocess.Popen(
-            _command(config_path, config["devices"]),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
         try:
             while process.poll() is None:
-                if expect_marker and marker.exists():
+                if expect == "marker" and marker.exists():
                     kill_process_tree(process.pid)
-                    process.wait()
-                    return
+                    return process.wait()
                 if time.monotonic() > deadline:
                     raise AssertionError(f"attempt timed out after {timeout_s:.0f} s{_tail(out_dir)}")
                 time.sleep(0.05)
@@ -257,10 +253,15 @@ def _attempt(config_path: Path, timeout_s: float, expect_marker: bool) -> None:
             if process.poll() is None:
                 kill_process_tree(process.pid)
                 process.wait()
+    if expect == "failure":
+        if process.returncode == 0:
+            raise AssertionError(f"the job exited 0 although it should have stopped early{_tail(out_dir)}")
+        return process.returncode
     if process.returncode != 0:
         raise AssertionError(f"attempt exited with code {process.returncode}{_tail(out_dir)}")
-    if expect_marker:
+    if expect == "marker":
         raise AssertionError(f"the run finished without reaching its interruption point{_tail(out_dir)}")
+    return 0
 
 
 def _tail(out_dir: Path, lines: int = 40) -> str:

@@ -1,0 +1,175 @@
+"""Spot preemption: a notice on any rank → every rank stops at the same step → durable checkpoint → restartable exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
+
+from lightning_scale import distributed
+from lightning_scale._lightning_internals import shut_down_dataloader_workers
+from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
+from lightning_scale.preemption import Notice, NoticeSource, SignalNotice
+
+__all__ = ["SpotPreemption"]
+
+log = logging.getLogger(__name__)
+
+SAVE_MARGIN = 1.5
+"""A save is attempted only when the time left exceeds this multiple of the last measured save time."""
+
+
+class SpotPreemption(Callback):
+    """Stop every rank at the same step when any rank gets a preemption notice, checkpoint, and exit non-zero.
+
+    Notice sources (signals by default; AWS, GCP, Azure metadata and files in :mod:`lightning_scale.preemption`)
+    only raise a flag. Every ``check_every_n_steps`` training steps the ranks vote on it with one small collective,
+    so a notice seen by ANY rank stops all of them after the same step. Then the run's
+    :class:`~lightning_scale.callbacks.ResumableCheckpoint` saves the full state (unless the last measured save time
+    says it cannot finish before the notice's deadline: then the previous valid checkpoint stays, untouched), the
+    ``preemption/*`` metrics go to every logger, loggers are finalised, dataloader workers are stopped, and the
+    process exits with ``exit_code``, which orchestrators (``torchrun --max-restarts``, SLURM requeue, a Kubernetes
+    restart policy) read as a failure to restart, never as "finished". The restarted job resumes exactly.
+
+    Logged metrics (rank 0, at the preemption step): ``preemption/step``, ``preemption/seconds_to_durable``
+    (notice to durable checkpoint), ``preemption/saved`` (1.0, or 0.0 when the deadline made it skip the save).
+
+    Args:
+        sources: Notice sources to watch; default ``[SignalNotice()]`` (SIGTERM, SIGUSR1).
+        check_every_n_steps: Training steps between two votes (>= 1).
+        exit_code: Process exit code after a preemption (1-255); 143 is the SIGTERM convention (128 + 15).
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning_scale.callbacks import ResumableCheckpoint
+        >>> from lightning_scale.preemption import AWSSpotNotice, SignalNotice
+        >>> callbacks = [ResumableCheckpoint(dirpath="memory://run"), SpotPreemption([SignalNotice(), AWSSpotNotice()])]
+        >>> trainer = Trainer(callbacks=callbacks, logger=False, enable_progress_bar=False)
+    """
+
+    METRIC_KEYS = ("preemption/step", "preemption/seconds_to_durable", "preemption/saved")
+
+    def __init__(
+        self, sources: Sequence[NoticeSource] | None = None, check_every_n_steps: int = 1, exit_code: int = 143
+    ) -> None:
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps={check_every_n_steps} must be >= 1 (SpotPreemption).")
+        if not 1 <= exit_code <= 255:
+            raise ValueError(f"exit_code={exit_code} must be in 1..255; 0 would tell the orchestrator 'finished'.")
+        self.sources: list[NoticeSource] = list(sources) if sources is not None else [SignalNotice()]
+        bad = [s for s in self.sources if not isinstance(s, NoticeSource)]
+        if bad:
+            raise TypeError(f"sources={bad!r} are not notice sources (start/poll/acknowledge/stop).")
+        self.check_every_n_steps = check_every_n_steps
+        self.exit_code = exit_code
+        self._checkpoint: ResumableCheckpoint | None = None
+        self._started = False
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(check_every_n_steps=self.check_every_n_steps)
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        found = [cb for cb in trainer.callbacks if isinstance(cb, ResumableCheckpoint)]
+        if not found:
+            raise ValueError(
+                "SpotPreemption needs a ResumableCheckpoint among the Trainer's callbacks to save the full state on "
+                "a notice; add lightning_scale.callbacks.ResumableCheckpoint(dirpath=...)."
+            )
+        self._checkpoint = found[0]
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning installs its own SIGTERM handler (which runs a collective inside the handler) right before the
+        # stage runs; this is the first hook after it, so our flag-only handlers replace it for our signals.
+        for source in self.sources:
+            source.start()
+        self._started = True
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step % self.check_every_n_steps:
+            return
+        local = self._local_notice()
+        if distributed.any_rank(local is not None):
+            self._preempt(trainer, local)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._stop_sources()
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._stop_sources()
+
+    def _stop_sources(self) -> None:
+        if self._started:
+            for source in self.sources:
+                source.stop()
+            self._started = False
+
+    def _local_notice(self) -> Notice | None:
+        notices = [notice for notice in (source.poll() for source in self.sources) if notice is not None]
+        return min(notices, key=lambda n: n.deadline_unix) if notices else None
+
+    def _preempt(self, trainer: pl.Trainer, local: Notice | None) -> None:
+        seen = [(rank, notice) for rank, notice in enumerate(distributed.all_gather_object(local)) if notice]
+        rank, notice = min(seen, key=lambda item: item[1].deadline_unix)
+        assert self._checkpoint is not None
+        save = distributed.broadcast_object(self._can_save_in_time(notice))
+        choice = (
+            f"saving a checkpoint at step {trainer.global_step}."
+            if save
+            else "too little time, NOT saving; the previous valid checkpoint stays and the run resumes from it."
+        )
+        rank_zero_info(
+            f"Preemption notice from {notice.source} on rank {rank} ({notice.detail}); {notice.seconds_left():.1f} s "
+            f"left, last save took {self._checkpoint.last_save_seconds or 0:.2f} s: {choice}"
+        )
+        path = self._checkpoint.save_now(trainer) if save else None
+        seconds = time.time() - notice.received_unix
+        self._report(trainer, notice, path, seconds)
+        if trainer.local_rank == 0:
+            for source in self.sources:
+                source.acknowledge(notice)
+        self._exit(trainer)
+
+    def _can_save_in_time(self, notice: Notice) -> bool:
+        assert self._checkpoint is not None
+        expected = self._checkpoint.last_save_seconds
+        return expected is None or notice.seconds_left() > SAVE_MARGIN * expected
+
+    def _report(self, trainer: pl.Trainer, notice: Notice, path: str | None, seconds: float) -> None:
+        step = trainer.global_step
+        metrics = {"preemption/step": float(step), "preemption/seconds_to_durable": seconds}
+        metrics["preemption/saved"] = float(path is not None)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+                logger.finalize("preempted")
+        where = f"checkpoint {path} durable {seconds:.2f} s after the notice" if path else "no new checkpoint"
+        rank_zero_warn(f"Preempted at step {step} ({notice.source}): {where}; exiting with code {self.exit_code}.")
+
+    def _exit(self, trainer: pl.Trainer) -> None:
+        self._stop_sources()
+        shut_down_dataloader_workers(trainer)  # torchdata workers would outlive os._exit by seconds
+        distributed.barrier()
+        distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self.exit_code)

@@ -1,0 +1,52 @@
+"""Preemption notices delivered as a file (Kubernetes preStop hooks, custom schedulers)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from lightning_scale.preemption.notice import Notice
+from lightning_scale.preemption.polling import PollingThread, validate_interval
+
+__all__ = ["FileNotice"]
+
+
+class FileNotice:
+    """A notice when ``path`` exists; its text, if any, is kept as the detail.
+
+    Args:
+        path: File whose appearance means "preempted" (e.g. written by a Kubernetes ``preStop`` hook).
+        poll_interval: Seconds between checks.
+        grace_seconds: Time between the file appearing and the hard kill (Kubernetes'
+            ``terminationGracePeriodSeconds``).
+
+    Example:
+        >>> FileNotice("/tmp/preempted", poll_interval=0.5).poll() is None
+        True
+    """
+
+    def __init__(self, path: str, poll_interval: float = 1.0, grace_seconds: float = 25.0) -> None:
+        self.path = str(path)
+        self.poll_interval = validate_interval(poll_interval, "poll_interval")
+        self.grace_seconds = validate_interval(grace_seconds, "grace_seconds")
+        self._thread = PollingThread("file", self._check, self.poll_interval)
+
+    def _check(self) -> Notice | None:
+        if not os.path.exists(self.path):
+            return None
+        with open(self.path, errors="replace") as handle:
+            detail = handle.read(200).strip()
+        now = time.time()
+        return Notice("file", now, now + self.grace_seconds, detail or self.path)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poll(self) -> Notice | None:
+        return self._thread.notice
+
+    def acknowledge(self, notice: Notice) -> None:
+        """A file needs no answer."""
+
+    def stop(self) -> None:
+        self._thread.stop()
