@@ -137,9 +137,11 @@ class SpotPreemption(Callback):
             if save
             else "too little time, NOT saving; the previous valid checkpoint stays and the run resumes from it."
         )
+        last = self._checkpoint.last_save_seconds
+        measured = "no save measured yet" if last is None else f"the last save took {last:.2f} s"
         rank_zero_info(
             f"Preemption notice from {notice.source} on rank {rank} ({notice.detail}); {notice.seconds_left():.1f} s "
-            f"left, last save took {self._checkpoint.last_save_seconds or 0:.2f} s: {choice}"
+            f"left, {measured}: {choice}"
         )
         path = self._checkpoint.save_now(trainer) if save else None
         seconds = time.time() - notice.received_unix

@@ -27,7 +27,7 @@ from typing_extensions import override
 from lightning_scale import distributed, knobs
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
-from lightning_scale.preemption import SignalNotice
+from lightning_scale.preemption import AWSSpotNotice, SignalNotice
 
 
 def _load(spec: str) -> Any:
@@ -138,7 +138,10 @@ def main(config_path: str) -> None:
     if config["interrupt_at"] is not None:
         callbacks.append(_BlockAfterCheckpoint(config["interrupt_at"], config["ckpt_dir"], config["marker"], stock))
     if config.get("spot_preemption"):
-        callbacks.append(SpotPreemption(sources=[SignalNotice(signals=("SIGTERM",))]))
+        sources: list = [SignalNotice(signals=("SIGTERM",))]
+        if aws := config["spot_preemption"].get("aws_base_url"):
+            sources.append(AWSSpotNotice(base_url=aws, poll_interval=0.05))
+        callbacks.append(SpotPreemption(sources=sources))
     if config.get("signal_at") is not None:
         callbacks.append(_SignalAt(**config["signal_at"]))
 

@@ -3,6 +3,10 @@ checkpoints, exits 143 with no process left, and the same command resumes at tha
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +34,7 @@ def base_config(steps: int) -> dict:
         "trace_params": False,
         "sys_path": [str(Path(__file__).resolve().parents[2])],
         "interrupt_at": None,
-        "spot_preemption": True,
+        "spot_preemption": {},
     }
 
 
@@ -72,3 +76,68 @@ def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(tmp_p
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
     expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+
+
+class IMDSv2(http.server.BaseHTTPRequestHandler):
+    """EC2 instance metadata, as far as spot notices go: a token, then 404 until an interruption is scheduled."""
+
+    scheduled: str | None = None
+
+    def do_PUT(self) -> None:
+        self._answer(200, b"token-1" if self.path == "/latest/api/token" else b"")
+
+    def do_GET(self) -> None:
+        if self.headers.get("X-aws-ec2-metadata-token") != "token-1":
+            self._answer(401, b"")
+        elif self.path == "/latest/meta-data/spot/instance-action" and IMDSv2.scheduled:
+            self._answer(200, json.dumps({"action": "terminate", "time": IMDSv2.scheduled}).encode())
+        else:
+            self._answer(404, b"")
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_aws_spot_notice_from_a_loopback_imdsv2_server_stops_the_job_and_it_resumes_exactly(tmp_path):
+    steps = 150
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), IMDSv2)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    IMDSv2.scheduled = None
+    try:
+        config = {**base_config(steps), "checkpoint_every": 50}
+        reference = _job(tmp_path / "reference", config)
+        _attempt(reference, 300, expect="finish")
+        aws = {"aws_base_url": f"http://127.0.0.1:{server.server_address[1]}"}
+        job = _job(tmp_path / "job", {**config, "spot_preemption": aws})
+
+        def schedule_when_training() -> None:
+            trace = tmp_path / "job" / "trace_rank0.jsonl"
+            while not (trace.exists() and len(trace.read_text().splitlines()) >= 20):
+                time.sleep(0.02)
+            IMDSv2.scheduled = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+
+        threading.Thread(target=schedule_when_training, daemon=True).start()
+        _attempt(job, 300, expect="failure")
+        log = (tmp_path / "job" / "log.txt").read_text()
+        assert "Preemption notice from aws" in log and "exitcode  : 143" in log
+        manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
+        stopped_at = len(_traces(tmp_path / "job", 2)[0])
+        assert manifest is not None and manifest.global_step == stopped_at < steps
+
+        IMDSv2.scheduled = None  # the replacement machine has no notice pending
+        _attempt(job, 300, expect="finish")
+        assert "Auto-resuming from" in (tmp_path / "job" / "log.txt").read_text()
+        traces, reference_traces = _traces(tmp_path / "job", 2), _traces(tmp_path / "reference", 2)
+        assert [r["step"] for r in traces[0]] == list(range(1, steps + 1))
+        assert [r["batch"] for r in traces[1]] == [r["batch"] for r in reference_traces[1]]
+        resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
+        expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
+        assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+    finally:
+        server.shutdown()

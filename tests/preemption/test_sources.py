@@ -159,7 +159,8 @@ def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> object:
 
 
 def preemption_warnings(recwarn: pytest.WarningsRecorder) -> list[str]:
-    return [str(w.message) for w in recwarn if "preemption check failed" in str(w.message)]
+    """Messages of the warnings raised by lightning_scale (the polling thread's) or mentioning a preemption check."""
+    return [str(w.message) for w in recwarn if "lightning_scale" in w.filename or "preemption" in str(w.message)]
 
 
 @pytest.fixture
@@ -227,6 +228,7 @@ def test_aws_get_without_token_is_refused_and_source_recovers_from_revoked_token
     assert refused.value.code == 401
     source = running(AWSSpotNotice(base_url=server.url, poll_interval=FAST))
     wait_for(lambda: server.count("GET", imds.get_path) >= 2)
+    assert server.count("PUT", "/latest/api/token") == 1
     imds.tokens.clear()  # revoke once: the next GET gets 401
     wait_for(lambda: server.count("PUT", "/latest/api/token") == 2)
     imds.schedule()
@@ -290,11 +292,24 @@ def test_azure_ignores_other_events_then_preempt_gives_notice_and_acknowledge_po
 # --- robustness: one warning, no notice, polling goes on -------------------------------------------------------
 
 
+FAILURES = {
+    "not-json": (200, b"<html>captive portal</html>"),
+    "unexpected-json": (200, b'{"error": "not a metadata server"}'),
+    "http-500": (500, b"oops"),
+}
+AZURE_SILENT = (
+    "azure.py AzureScheduledEvents._check reads json.loads(body).get('Events', []): a 200 answer without an "
+    "'Events' list is taken as 'no events', silently, so the source is blind without ever warning"
+)
+
+
 @pytest.mark.parametrize("fake", FAKES, ids=lambda f: f.source)
-@pytest.mark.parametrize("failure", [(200, b"<html>captive portal</html>"), (500, b"oops")], ids=["garbage", "500"])
-def test_bad_answers_warn_once_and_polling_continues(serve, running, recwarn, fake, failure):
+@pytest.mark.parametrize("failure", FAILURES)
+def test_bad_answers_warn_once_and_polling_continues(request, serve, running, recwarn, fake, failure):
+    if fake is FakeAzure and failure == "unexpected-json":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=AZURE_SILENT))
     provider, broken = fake(), [True]
-    server = serve(lambda req: failure if broken[0] else provider(req))
+    server = serve(lambda req: FAILURES[failure] if broken[0] else provider(req))
     source = running(fake.cls(base_url=server.url, poll_interval=FAST))
     wait_for(lambda: len(server.requests) >= 4)
     assert source.poll() is None
@@ -374,17 +389,22 @@ MAKERS = {
     "file": functools.partial(FileNotice, "/nonexistent"),
 }
 HTTP = ("aws", "gcp", "azure")
-BAD_ARGUMENTS = (
-    [(name, {"poll_interval": value}, "poll_interval") for name in (*HTTP, "file") for value in (0, -1.0)]
-    + [(name, {"base_url": url}, "base_url") for name in HTTP for url in ("169.254.169.254", "ftp://x")]
-    + [(name, {"grace_seconds": 0}, "grace_seconds") for name in ("gcp", "azure", "signal", "file")]
-)
+BAD_ARGUMENTS = [
+    pytest.param(name, argument, value, id=f"{name}-{argument}={value}")
+    for names, argument, values in [
+        ((*HTTP, "file"), "poll_interval", (0, -1.0)),
+        (HTTP, "base_url", ("169.254.169.254", "ftp://x")),
+        (("gcp", "azure", "signal", "file"), "grace_seconds", (0,)),
+    ]
+    for name in names
+    for value in values
+]
 
 
-@pytest.mark.parametrize(("name", "kwargs", "argument"), BAD_ARGUMENTS, ids=lambda v: str(v))
-def test_bad_argument_is_rejected_naming_it(name, kwargs, argument):
+@pytest.mark.parametrize(("name", "argument", "value"), BAD_ARGUMENTS)
+def test_bad_argument_is_rejected_naming_it(name, argument, value):
     with pytest.raises(ValueError, match=f"^{argument}="):
-        MAKERS[name](**kwargs)
+        MAKERS[name](**{argument: value})
 
 
 @pytest.mark.parametrize("name", MAKERS)
