@@ -7,16 +7,28 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch import Trainer, seed_everything
 
 from examples.char_transformer import CharDataModule, CharTransformer
-from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
+from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint, SpotPreemption
 
+SOURCES = (
+    '[{"class_path": "lightning_scale.preemption.SignalNotice", "init_args": {"grace_seconds": 20}},'
+    ' {"class_path": "lightning_scale.preemption.AWSSpotNotice", "init_args": {"poll_interval": 1}}]'
+)
 CLI_ARGS = {
     ResumableCheckpoint: ["--cb.dirpath=DIR", "--cb.every_n_train_steps=2", "--cb.every_n_minutes=1.5"],
     DataStateCheckpoint: [],
+    SpotPreemption: ["--cb.check_every_n_steps=2", f"--cb.sources={SOURCES}"],
 }
 
 
 def build(cls, tmp_path):
     return cls(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=2) if cls is ResumableCheckpoint else cls()
+
+
+def callbacks_for(callback, tmp_path):
+    """The callback, plus the ResumableCheckpoint that SpotPreemption requires."""
+    if isinstance(callback, SpotPreemption):
+        return [callback, ResumableCheckpoint(dirpath=str(tmp_path / "ckpt-spot"))]
+    return [callback]
 
 
 @pytest.mark.parametrize("cls", list(CLI_ARGS), ids=lambda c: c.__name__)
@@ -40,7 +52,7 @@ def test_the_same_instance_serves_repeated_fits_and_teardowns(cls, tmp_path, tin
     callback = build(cls, tmp_path)
     for max_steps in (2, 4):
         seed_everything(0)
-        trainer = Trainer(max_steps=max_steps, callbacks=[callback], **tiny_trainer_kwargs)
+        trainer = Trainer(max_steps=max_steps, callbacks=callbacks_for(callback, tmp_path), **tiny_trainer_kwargs)
         trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
         assert trainer.global_step == max_steps
         callback.teardown(trainer, trainer.lightning_module, "fit")  # a second teardown is harmless

@@ -34,7 +34,10 @@ def test_pure_logic_packages_do_not_import_lightning(package):
         assert not {name.split(".")[0] for name in imports_of(path)} & {"lightning", "pytorch_lightning"}, path
 
 
-@pytest.mark.parametrize("package", ["lightning_scale", "lightning_scale.callbacks", "lightning_scale.checkpoint"])
+@pytest.mark.parametrize(
+    "package",
+    ["lightning_scale", "lightning_scale.callbacks", "lightning_scale.checkpoint", "lightning_scale.preemption"],
+)
 def test_packages_export_an_explicit_all(package):
     module = importlib.import_module(package)
     assert module.__all__ and all(hasattr(module, name) for name in module.__all__)

@@ -110,6 +110,11 @@ class SpotPreemption(Callback):
             self._preempt(trainer, local)
 
     @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # before Lightning's own teardown restores the handlers it found, so that none of its handlers outlives fit
+        self._stop_sources()
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._stop_sources()
 

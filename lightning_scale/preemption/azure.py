@@ -38,7 +38,11 @@ class AzureScheduledEvents(MetadataPoller):
         status, body = http_request(f"{self.base_url}{self.PATH}", headers={"Metadata": "true"})
         if status != 200:
             raise OSError(f"Scheduled Events answered HTTP {status}")
-        for event in json.loads(body).get("Events", []):
+        document = json.loads(body)
+        events = document.get("Events") if isinstance(document, dict) else None
+        if not isinstance(events, list):
+            raise ValueError(f"Scheduled Events answered {body[:60]!r}, expected a JSON object with an 'Events' list")
+        for event in events:
             if event.get("EventType") == "Preempt":
                 now = time.time()
                 not_before = event.get("NotBefore")

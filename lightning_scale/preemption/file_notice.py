@@ -29,6 +29,7 @@ class FileNotice:
         self.path = str(path)
         self.poll_interval = validate_interval(poll_interval, "poll_interval")
         self.grace_seconds = validate_interval(grace_seconds, "grace_seconds")
+        self._seen_empty = False
         self._thread = PollingThread("file", self._check, self.poll_interval)
 
     def _check(self) -> Notice | None:
@@ -36,6 +37,9 @@ class FileNotice:
             return None
         with open(self.path, errors="replace") as handle:
             detail = handle.read(200).strip()
+        if not detail and not self._seen_empty:  # `echo reason > file` creates it before writing: look once more
+            self._seen_empty = True
+            return None
         now = time.time()
         return Notice("file", now, now + self.grace_seconds, detail or self.path)
 

@@ -47,8 +47,8 @@ def http_request(url: str, method: str = "GET", headers: dict[str, str] | None =
 class PollingThread:
     """Calls ``check`` every ``interval_s`` in a daemon thread until it returns a :class:`Notice`.
 
-    A check that raises is reported once (a warning and a log line) and polling goes on: a flaky or malformed
-    metadata endpoint never stops training.
+    A check that raises is reported once per outage (a warning and a log line) and polling goes on: a flaky or
+    malformed metadata endpoint never stops training.
     """
 
     def __init__(self, name: str, check: Callable[[], Notice | None], interval_s: float) -> None:
@@ -74,6 +74,7 @@ class PollingThread:
         while not self._stop.is_set() and self.notice is None:
             try:
                 self.notice = self.check()
+                self._warned = False  # answered properly: the next outage is reported again
             except Exception as err:  # a notice source must never take training down
                 if not self._warned:
                     self._warned = True

@@ -100,21 +100,26 @@ class _BlockAfterCheckpoint(Callback):
         return manifest is not None and manifest.global_step >= self.step
 
 
-class _SignalAt(Callback):
-    """On a fresh attempt, send ``signal`` to this process on rank ``rank`` when training reaches ``step``."""
+class _Faults(Callback):
+    """Send signals to this process at given steps: ``{"restart", "step", "rank", "signal"}`` each.
 
-    def __init__(self, step: int, rank: int, signal: str = "SIGTERM") -> None:
-        self.step, self.rank, self.signal = step, rank, signal
-        self.resumed = False
+    ``restart`` is torchrun's restart count of the attempt the fault belongs to (0 = the first attempt).
+    """
+
+    def __init__(self, faults: list[dict[str, Any]]) -> None:
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.faults = [f for f in faults if f.get("restart", 0) == restart]
+        self.fresh = True
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.resumed = trainer.global_step > 0
+        self.fresh = trainer.global_step == 0 or bool(self.faults)
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
-        if not self.resumed and trainer.global_step == self.step and trainer.global_rank == self.rank:
-            os.kill(os.getpid(), signal.Signals[self.signal])
+        for fault in self.faults:
+            if trainer.global_step == fault["step"] and trainer.global_rank == fault["rank"]:
+                os.kill(os.getpid(), signal.Signals[fault["signal"]])
 
 
 def main(config_path: str) -> None:
@@ -137,13 +142,14 @@ def main(config_path: str) -> None:
     callbacks: list[Callback] = [_Tracer(out_dir, config["trace_params"]), checkpoint]
     if config["interrupt_at"] is not None:
         callbacks.append(_BlockAfterCheckpoint(config["interrupt_at"], config["ckpt_dir"], config["marker"], stock))
-    if config.get("spot_preemption"):
-        sources: list = [SignalNotice(signals=("SIGTERM",))]
+    if config.get("spot_preemption") is not None:
+        grace = config["spot_preemption"].get("grace_seconds", 25.0)
+        sources: list = [SignalNotice(signals=("SIGTERM",), grace_seconds=grace)]
         if aws := config["spot_preemption"].get("aws_base_url"):
             sources.append(AWSSpotNotice(base_url=aws, poll_interval=0.05))
         callbacks.append(SpotPreemption(sources=sources))
-    if config.get("signal_at") is not None:
-        callbacks.append(_SignalAt(**config["signal_at"]))
+    if config.get("faults"):
+        callbacks.append(_Faults(config["faults"]))
 
     devices = config["devices"]
     trainer = pl.Trainer(

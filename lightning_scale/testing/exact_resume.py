@@ -221,11 +221,12 @@ def _job(out_dir: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-def _command(config_path: Path, devices: int) -> list[str]:
+def _command(config_path: Path, devices: int, max_restarts: int = 0) -> list[str]:
     runner = ["-m", "lightning_scale.testing._runner", str(config_path)]
     if devices == 1:
         return [sys.executable, *runner]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}", *runner]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}"]
+    return [sys.executable, *launcher, f"--max-restarts={max_restarts}", *runner]
 
 
 def _attempt(config_path: Path, timeout_s: float, expect: Literal["finish", "marker", "failure"]) -> int:
@@ -235,7 +236,8 @@ def _attempt(config_path: Path, timeout_s: float, expect: Literal["finish", "mar
     marker = Path(config["marker"])
     marker.unlink(missing_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(config["sys_path"])}
-    command = _command(config_path, config["devices"])
+    env.update(config.get("launch_env", {}))
+    command = _command(config_path, config["devices"], config.get("max_restarts", 0))
     with open(out_dir / "log.txt", "a") as log:
         log.write(f"\n===== attempt: {' '.join(command)}\n")
         log.flush()

@@ -59,10 +59,11 @@ def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(tmp_p
     reference = _job(tmp_path / "reference", base_config(steps))
     _attempt(reference, 300, expect="finish")
 
-    job = _job(tmp_path / "job", {**base_config(steps), "signal_at": {"step": step, "rank": rank}})
+    job = _job(tmp_path / "job", {**base_config(steps), "faults": [{"step": step, "rank": rank, "signal": "SIGTERM"}]})
     _attempt(job, 300, expect="failure")
     log = (tmp_path / "job" / "log.txt").read_text()
     assert "exitcode  : 143" in log and "Preempted at step" in log
+    assert "Auto-resuming" not in log  # the first attempt started fresh; the checks below see where the re-run starts
     assert processes_mentioning(tmp_path / "job") == []  # ranks and dataloader workers are all gone
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == step + 1  # the step all ranks agreed on
@@ -141,3 +142,29 @@ def test_aws_spot_notice_from_a_loopback_imdsv2_server_stops_the_job_and_it_resu
         assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
     finally:
         server.shutdown()
+
+
+def test_torchrun_max_restarts_recovers_from_mixed_sigterm_and_sigkill_faults_exactly(tmp_path):
+    steps = 60
+    config = {**base_config(steps), "datamodule_factory": "tests.factories:data_workers0"}
+    reference = _job(tmp_path / "reference", config)
+    _attempt(reference, 300, expect="finish")
+    faults = [
+        {"restart": 0, "step": 12, "rank": 1, "signal": "SIGTERM"},
+        {"restart": 1, "step": 25, "rank": 0, "signal": "SIGKILL"},
+        {"restart": 2, "step": 44, "rank": 0, "signal": "SIGTERM"},
+    ]
+    # Without this, torchrun's restarted workers reuse the agent's store and read stale gloo addresses
+    # ("connectFullMesh failed ... Connection refused" on every restart after a SIGKILL). See the README.
+    launch_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    job = _job(tmp_path / "job", {**config, "faults": faults, "max_restarts": 3, "launch_env": launch_env})
+    _attempt(job, 400, expect="finish")  # one torchrun command; it restarts the workers itself
+    log = (tmp_path / "job" / "log.txt").read_text()
+    assert log.count("Auto-resuming from") == 3 and log.count("Preempted at step") == 2
+    for rank in (0, 1):
+        last_record = {r["step"]: r for r in _traces(tmp_path / "job", 2)[rank]}  # steps after step 20 ran twice
+        reference_records = _traces(tmp_path / "reference", 2)[rank]
+        assert [last_record[r["step"]]["batch"] for r in reference_records] == [r["batch"] for r in reference_records]
+    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
+    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())

@@ -1,0 +1,112 @@
+"""SpotPreemption in single-process runs: bad input, Lightning's SIGTERM handler replaced, the deadline decision."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from lightning.pytorch import Callback, Trainer, seed_everything
+
+from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
+from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
+from lightning_scale.preemption import Notice, SignalNotice
+from lightning_scale.testing.exact_resume import _attempt, _job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"check_every_n_steps": 0}, r"check_every_n_steps=0 must be >= 1"),
+        ({"exit_code": 0}, r"exit_code=0 must be in 1\.\.255; 0 would tell the orchestrator 'finished'"),
+        ({"exit_code": 256}, r"exit_code=256 must be in 1\.\.255"),
+    ],
+)
+def test_bad_arguments_are_refused_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SpotPreemption(**kwargs)
+
+
+def test_a_source_that_is_not_a_notice_source_is_refused():
+    with pytest.raises(TypeError, match=r"not notice sources"):
+        SpotPreemption(sources=["SIGTERM"])
+
+
+def test_without_a_resumable_checkpoint_fit_fails_before_training(tiny_trainer_kwargs):
+    trainer = Trainer(max_steps=2, callbacks=[SpotPreemption()], **tiny_trainer_kwargs)
+    with pytest.raises(ValueError, match=r"needs a ResumableCheckpoint.*ResumableCheckpoint\(dirpath=\.\.\.\)"):
+        trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
+    assert trainer.global_step == 0
+
+
+class HandlerProbe(Callback):
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.seen.append(signal.getsignal(signal.SIGTERM))
+
+
+def test_replaces_lightnings_sigterm_handler_while_training_and_restores_it(tmp_path, tiny_trainer_kwargs):
+    before = signal.getsignal(signal.SIGTERM)
+    source, probe = SignalNotice(), HandlerProbe()
+    callbacks = [ResumableCheckpoint(dirpath=str(tmp_path / "ckpt")), SpotPreemption([source]), probe]
+    seed_everything(0)
+    Trainer(max_steps=3, callbacks=callbacks, **tiny_trainer_kwargs).fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8)
+    )
+    assert probe.seen == [source._handle] * 3  # Lightning's handler (a collective inside a handler) never runs
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_saves_only_when_the_last_save_fits_before_the_deadline(tmp_path):
+    checkpoint = ResumableCheckpoint(dirpath=str(tmp_path))
+    preemption = SpotPreemption()
+    preemption._checkpoint = checkpoint
+    soon = Notice("SIGTERM", received_unix=0.0, deadline_unix=10.0)
+    assert preemption._can_save_in_time(Notice("SIGTERM", 0.0, float("inf")))  # never measured: try
+    checkpoint.last_save_seconds = 2.0
+    assert preemption._can_save_in_time(Notice("SIGTERM", 0.0, soon.deadline_unix + 1e10))
+    assert not preemption._can_save_in_time(soon)  # the deadline has passed
+
+
+def single_process_job(tmp_path: Path, grace_seconds: float) -> Path:
+    return _job(
+        tmp_path,
+        {
+            "model_factory": "tests.factories:model",
+            "datamodule_factory": "tests.factories:data_workers2",
+            "steps": 20,
+            "devices": 1,
+            "seed": 0,
+            "checkpoint": "resumable",
+            "checkpoint_every": 4,
+            "trainer_kwargs": {"limit_val_batches": 0},
+            "trace_params": False,
+            "sys_path": [str(ROOT)],
+            "interrupt_at": None,
+            "spot_preemption": {"grace_seconds": grace_seconds},
+            "faults": [{"step": 6, "rank": 0, "signal": "SIGTERM"}],
+        },
+    )
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_saves_at_the_next_step_and_exits_143(tmp_path):
+    job = single_process_job(tmp_path, grace_seconds=25)
+    assert _attempt(job, 100, expect="failure") == 143
+    manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "checkpoints")))
+    assert manifest is not None and manifest.global_step == 7
+
+
+@pytest.mark.timeout(120)
+def test_too_little_time_keeps_the_previous_checkpoint_and_still_exits_cleanly(tmp_path):
+    job = single_process_job(tmp_path, grace_seconds=1e-6)
+    assert _attempt(job, 100, expect="failure") == 143
+    store = CheckpointStore(str(tmp_path / "checkpoints"))
+    manifest, skipped = find_newest_valid(store)
+    assert manifest is not None and manifest.global_step == 4 and skipped == []
+    assert "too little time, NOT saving" in (tmp_path / "log.txt").read_text()
