@@ -1,9 +1,11 @@
 """Train the char transformer with exact, automatic resume. Run it the same way after any interruption.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 examples/train.py --ckpt-dir runs/demo
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 2 --max-restarts 3 \
+        examples/train.py --ckpt-dir runs/job
 
-Every rank's data position and RNG state are checkpointed; re-running the same command continues from the newest
-valid checkpoint in ``--ckpt-dir`` and ends bitwise identical to a run that was never interrupted.
+Every rank's data position and RNG state are checkpointed; re-running the same command (or torchrun restarting the
+workers) continues from the newest valid checkpoint in ``--ckpt-dir`` and ends bitwise identical to a run that was
+never interrupted. SIGTERM or SIGUSR1 to any rank stops every rank at the same step, checkpoints and exits 143.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
-from lightning_scale.callbacks import ResumableCheckpoint
+from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 
 
 def main() -> None:
@@ -39,7 +41,10 @@ def main() -> None:
         devices=world_size,
         strategy="ddp" if world_size > 1 else "auto",
         max_steps=args.steps,
-        callbacks=[ResumableCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n_steps)],
+        callbacks=[
+            ResumableCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n_steps),
+            SpotPreemption(),  # SIGTERM/SIGUSR1 -> checkpoint at the agreed step -> exit 143 -> restart
+        ],
         val_check_interval=100,
         limit_val_batches=4,
         check_val_every_n_epoch=None,

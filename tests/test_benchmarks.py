@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,3 +22,17 @@ def test_checkpoint_cost_benchmark_runs_quick_and_writes_json(tmp_path):
     )
     result = json.loads(out.read_text())
     assert set(result["table"]) == {"none", "stock", "ours"} and result["machine"]["torch"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_preemption_cost_benchmark_runs_quick_and_writes_json(tmp_path):
+    out = tmp_path / "result.json"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "preemption_cost.py"), "--quick", f"--out={out}"],
+        check=True,
+        capture_output=True,
+        timeout=540,
+    )
+    result = json.loads(out.read_text())
+    assert set(result["step_s"]) == {"none", "vote"} and result["notice_to_durable_s"]["median"] > 0

@@ -1,0 +1,75 @@
+"""One 2-process job for benchmarks/preemption_cost.py (run under torchrun); writes its measurements as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import CSVLogger
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale import distributed
+from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
+
+WARMUP_STEPS = 10
+
+
+class StepTimer(pl.Callback):
+    """Median wall time per training step after a warm-up, written by rank 0; can SIGTERM rank 1 at a step."""
+
+    def __init__(self, out: Path, signal_at: int | None) -> None:
+        self.out, self.signal_at = out, signal_at
+        self.times: list[float] = []
+        self.last = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.signal_at is not None and trainer.global_step == self.signal_at and trainer.global_rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        if trainer.global_step > WARMUP_STEPS:
+            self.times.append(now - self.last)
+        self.last = now
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:
+            self.out.write_text(json.dumps({"step_s": statistics.median(self.times)}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--variant", choices=["none", "vote", "notice"], required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--d-model", type=int, required=True)
+    parser.add_argument("--workdir", required=True)
+    args = parser.parse_args()
+    workdir = Path(args.workdir)
+    pl.seed_everything(0, verbose=False)
+    callbacks: list[pl.Callback] = [
+        StepTimer(workdir / "steps.json", args.steps // 2 if args.variant == "notice" else None),
+        ResumableCheckpoint(dirpath=str(workdir / "ckpt"), every_n_train_steps=args.steps // 4),
+    ]
+    if args.variant != "none":
+        callbacks.append(SpotPreemption())
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=args.steps, callbacks=callbacks,
+        logger=CSVLogger(str(workdir), name="log"), limit_val_batches=0, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    model = CharTransformer(vocab_size=64, d_model=args.d_model, n_heads=4, n_layers=4)
+    trainer.fit(model, datamodule=CharDataModule(batch_size=8))
+    distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
