@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
@@ -73,6 +74,7 @@ class SpotPreemption(Callback):
         self.exit_code = exit_code
         self._checkpoint: ResumableCheckpoint | None = None
         self._started = False
+        self._preempted: dict[str, Any] | None = None  # the notice that stopped the run, kept in the checkpoint
 
     @property
     @override
@@ -92,7 +94,22 @@ class SpotPreemption(Callback):
         self._checkpoint = found[0]
 
     @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": 1, "preempted": self._preempted}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._preempted = state_dict.get("preempted")
+
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._preempted is not None:
+            p = self._preempted
+            rank_zero_info(
+                f"Resumed after a preemption: {p['source']} notice, checkpointed at step {p['step']} (the step every "
+                f"rank stopped at, so no step was lost), {time.time() - p['received_unix']:.1f} s after the notice."
+            )
+            self._preempted = None
         # Lightning installs its own SIGTERM handler (which runs a collective inside the handler) right before the
         # stage runs; this is the first hook after it, so our flag-only handlers replace it for our signals.
         for source in self.sources:
@@ -148,6 +165,7 @@ class SpotPreemption(Callback):
             f"Preemption notice from {notice.source} on rank {rank} ({notice.detail}); {notice.seconds_left():.1f} s "
             f"left, {measured}: {choice}"
         )
+        self._preempted = {"source": notice.source, "received_unix": notice.received_unix, "step": trainer.global_step}
         path = self._checkpoint.save_now(trainer) if save else None
         seconds = time.time() - notice.received_unix
         self._report(trainer, notice, path, seconds)
@@ -169,6 +187,9 @@ class SpotPreemption(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
                 logger.finalize("preempted")
+                if isinstance(logger, WandbLogger):  # Lightning never finishes the run; os._exit would cut it off
+                    logger.experiment.mark_preempting()
+                    logger.experiment.finish(exit_code=self.exit_code)
         where = f"checkpoint {path} durable {seconds:.2f} s after the notice" if path else "no new checkpoint"
         rank_zero_warn(f"Preempted at step {step} ({notice.source}): {where}; exiting with code {self.exit_code}.")
 

@@ -21,6 +21,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
@@ -122,6 +123,10 @@ class _Faults(Callback):
                 os.kill(os.getpid(), signal.Signals[fault["signal"]])
 
 
+def _wandb_logger(save_dir: str | None) -> WandbLogger | bool:
+    return WandbLogger(save_dir=save_dir, offline=True, project="runner") if save_dir else False
+
+
 def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
     sys.path[:0] = [p for p in config["sys_path"] if p not in sys.path]
@@ -159,7 +164,9 @@ def main(config_path: str) -> None:
         strategy=DDPStrategy(timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S)) if devices > 1 else "auto",
         max_steps=config["steps"],
         callbacks=callbacks,
-        logger=False,
+        logger=WandbLogger(save_dir=config["wandb_dir"], offline=True, project="runner")
+        if config.get("wandb_dir")
+        else False,
         enable_progress_bar=False,
         enable_model_summary=False,
         **config["trainer_kwargs"],

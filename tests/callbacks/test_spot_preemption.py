@@ -13,6 +13,7 @@ from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import Notice, SignalNotice
 from lightning_scale.testing.exact_resume import _attempt, _job
+from tests.wandb_records import exit_codes, history_values, read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,10 +74,11 @@ def test_saves_only_when_the_last_save_fits_before_the_deadline(tmp_path):
     assert not preemption._can_save_in_time(soon)  # the deadline has passed
 
 
-def single_process_job(tmp_path: Path, grace_seconds: float) -> Path:
+def single_process_job(tmp_path: Path, grace_seconds: float, **extra) -> Path:
     return _job(
         tmp_path,
         {
+            **extra,
             "model_factory": "tests.factories:model",
             "datamodule_factory": "tests.factories:data_workers2",
             "steps": 20,
@@ -110,3 +112,17 @@ def test_too_little_time_keeps_the_previous_checkpoint_and_still_exits_cleanly(t
     manifest, skipped = find_newest_valid(store)
     assert manifest is not None and manifest.global_step == 4 and skipped == []
     assert "too little time, NOT saving" in (tmp_path / "log.txt").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_wandb_offline_run_is_finished_with_the_preemption_before_exit(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    job = single_process_job(tmp_path, grace_seconds=25, wandb_dir=str(tmp_path / "wandb-runs"))
+    assert _attempt(job, 100, expect="failure") == 143
+    runs = list((tmp_path / "wandb-runs").glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    records = read_records(runs[0])
+    assert history_values(records, "preemption/step") == ["7"] and history_values(records, "preemption/saved") == ["1"]
+    assert exit_codes(records) == [143]  # finished before os._exit: the run file is complete
+    assert any(r.WhichOneof("record_type") == "preempting" for r in records)

@@ -69,6 +69,8 @@ def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(tmp_p
     assert manifest is not None and manifest.global_step == step + 1  # the step all ranks agreed on
 
     _attempt(job, 300, expect="finish")  # the same command again
+    log = (tmp_path / "job" / "log.txt").read_text()
+    assert f"Resumed after a preemption: SIGTERM notice, checkpointed at step {step + 1}" in log
     traces = _traces(tmp_path / "job", 2)
     reference_traces = _traces(tmp_path / "reference", 2)
     for r in (0, 1):
