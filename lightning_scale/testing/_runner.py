@@ -160,8 +160,11 @@ def main(config_path: str) -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=devices,
+        num_nodes=config.get("num_nodes", 1),
         # a collective that hangs fails with a traceback instead of waiting for the harness to kill the job
-        strategy=DDPStrategy(timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S)) if devices > 1 else "auto",
+        strategy=DDPStrategy(timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S))
+        if config.get("distributed", devices > 1)
+        else "auto",
         max_steps=config["steps"],
         callbacks=callbacks,
         logger=WandbLogger(save_dir=config["wandb_dir"], offline=True, project="runner")

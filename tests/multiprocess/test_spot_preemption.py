@@ -3,8 +3,13 @@ checkpoints, exits 143 with no process left, and the same command resumes at tha
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,11 +19,12 @@ import torch
 
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.testing.exact_resume import _attempt, _job, _traces
-from lightning_scale.testing.processes import descendants
+from lightning_scale.testing.processes import descendants, kill_process_tree
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
 BATCHES_PER_EPOCH = 22
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def base_config(steps: int) -> dict:
@@ -165,6 +171,60 @@ def test_torchrun_max_restarts_recovers_from_mixed_sigterm_and_sigkill_faults_ex
     assert log.count("Auto-resuming from") == 3 and log.count("Preempted at step") == 2
     for rank in (0, 1):
         last_record = {r["step"]: r for r in _traces(tmp_path / "job", 2)[rank]}  # steps after step 20 ran twice
+        reference_records = _traces(tmp_path / "reference", 2)[rank]
+        assert [last_record[r["step"]]["batch"] for r in reference_records] == [r["batch"] for r in reference_records]
+    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
+    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+
+
+def test_sigkill_of_one_rank_ends_the_job_quickly_without_a_hang(tmp_path):
+    job = _job(tmp_path / "job", {**base_config(40), "faults": [{"step": 8, "rank": 1, "signal": "SIGKILL"}]})
+    started = time.monotonic()
+    _attempt(job, 120, expect="failure")
+    assert time.monotonic() - started < 60  # gloo sees the dead peer at once; torchrun ends the job
+    assert processes_mentioning(tmp_path / "job") == []
+    manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
+    assert manifest is None or manifest.global_step <= 8  # nothing half-written was published
+
+
+def test_two_torchrun_agents_restart_a_preempted_multi_node_job_exactly(tmp_path):
+    """Two "nodes" (torchrun agents, 1 process each, c10d rendezvous on 127.0.0.1): SIGTERM to rank 1, both agents
+    restart their worker, the job resumes at the agreed step and ends bitwise equal to an uninterrupted run."""
+    steps = 30
+    reference = _job(tmp_path / "reference", base_config(steps))
+    _attempt(reference, 300, expect="finish")
+    config = {
+        **base_config(steps),
+        "devices": 1,
+        "num_nodes": 2,
+        "distributed": True,
+        "faults": [{"restart": 0, "step": 10, "rank": 1, "signal": "SIGTERM"}],
+    }
+    job = _job(tmp_path / "job", config)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-agents", "--max-restarts=2",
+        "-m", "lightning_scale.testing._runner", str(job),
+    ]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(open(tmp_path / f"agent{i}.log", "w")) for i in range(2)]
+        agents = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env) for log in logs]
+        try:
+            codes = [agent.wait(timeout=300) for agent in agents]
+        finally:
+            for agent in agents:
+                if agent.poll() is None:
+                    kill_process_tree(agent.pid)
+    output = "".join((tmp_path / f"agent{i}.log").read_text() for i in range(2))
+    assert codes == [0, 0], output[-3000:]
+    assert "Preempted at step 11" in output and "Auto-resuming from" in output
+    for rank in (0, 1):
+        last_record = {r["step"]: r for r in _traces(tmp_path / "job", 2)[rank]}
         reference_records = _traces(tmp_path / "reference", 2)[rank]
         assert [last_record[r["step"]]["batch"] for r in reference_records] == [r["batch"] for r in reference_records]
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
