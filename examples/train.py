@@ -23,6 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
+from lightning_scale.preemption import FileNotice, SignalNotice
+
+
+def notice_sources(notice_file: str | None) -> list:
+    """SIGTERM/SIGUSR1 always; a notice file when given (written by a SLURM trap or a Kubernetes preStop hook)."""
+    return [SignalNotice(), *([FileNotice(notice_file)] if notice_file else [])]
 
 
 def main() -> None:
@@ -32,6 +38,7 @@ def main() -> None:
     parser.add_argument("--every-n-steps", type=int, default=25, help="checkpoint interval in steps")
     parser.add_argument("--num-workers", type=int, default=0, help="dataloader worker processes per rank")
     parser.add_argument("--save-weights", default=None, help="write the final weights here (rank 0)")
+    parser.add_argument("--notice-file", default=None, help="also stop when this file appears (SLURM, Kubernetes)")
     args = parser.parse_args()
 
     pl.seed_everything(0, verbose=False)
@@ -43,7 +50,7 @@ def main() -> None:
         max_steps=args.steps,
         callbacks=[
             ResumableCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n_steps),
-            SpotPreemption(),  # SIGTERM/SIGUSR1 -> checkpoint at the agreed step -> exit 143 -> restart
+            SpotPreemption(sources=notice_sources(args.notice_file)),  # -> checkpoint, exit 143, restart
         ],
         val_check_interval=100,
         limit_val_batches=4,
