@@ -33,13 +33,15 @@ class SpotPreemption(Callback):
     """Stop every rank at the same step when any rank gets a preemption notice, checkpoint, and exit non-zero.
 
     Notice sources (signals by default; AWS, GCP, Azure metadata and files in :mod:`lightning_scale.preemption`)
-    only raise a flag. Every ``check_every_n_steps`` training steps the ranks vote on it with one small collective,
-    so a notice seen by ANY rank stops all of them after the same step. Then the run's
-    :class:`~lightning_scale.callbacks.ResumableCheckpoint` saves the full state (unless the last measured save time
-    says it cannot finish before the notice's deadline: then the previous valid checkpoint stays, untouched), the
-    ``preemption/*`` metrics go to every logger, loggers are finalised, dataloader workers are stopped, and the
-    process exits with ``exit_code``, which orchestrators (``torchrun --max-restarts``, SLURM requeue, a Kubernetes
-    restart policy) read as a failure to restart, never as "finished". The restarted job resumes exactly.
+    only raise a flag. Every ``check_every_n_steps`` training steps (and validation batches, during fit) the ranks
+    vote on it with one small collective, so a notice seen by ANY rank stops all of them after the same step. Then
+    the run's :class:`~lightning_scale.callbacks.ResumableCheckpoint` saves the full state (unless the last
+    measured save time says it cannot finish before the notice's deadline: then the previous valid checkpoint stays,
+    untouched), the ``preemption/*`` metrics go to every logger, loggers (and a W&B run) are finished, dataloader
+    workers are stopped, and the process exits with ``exit_code``, which orchestrators (``torchrun
+    --max-restarts``, SLURM requeue, a Kubernetes restart policy) read as a failure to restart, never as
+    "finished". The restarted job resumes exactly. A notice during validation stops there: the checkpoint holds the
+    last training step, and the resumed run repeats that validation.
 
     Logged metrics (rank 0, at the preemption step): ``preemption/step``, ``preemption/seconds_to_durable``
     (notice to durable checkpoint), ``preemption/saved`` (1.0, or 0.0 when the deadline made it skip the save).
@@ -121,6 +123,24 @@ class SpotPreemption(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
         if trainer.global_step % self.check_every_n_steps:
+            return
+        local = self._local_notice()
+        if distributed.any_rank(local is not None):
+            self._preempt(trainer, local)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        # A notice during a long validation inside fit is not left waiting for the next training step. The
+        # checkpoint holds the training state of the last step; the resumed run repeats this validation.
+        if not self._started or trainer.sanity_checking or batch_idx % self.check_every_n_steps:
             return
         local = self._local_notice()
         if distributed.any_rank(local is not None):

@@ -102,9 +102,10 @@ class _BlockAfterCheckpoint(Callback):
 
 
 class _Faults(Callback):
-    """Send signals to this process at given steps: ``{"restart", "step", "rank", "signal"}`` each.
+    """Send signals to this process at given steps: ``{"restart", "step", "rank", "signal", "val_batch"}`` each.
 
-    ``restart`` is torchrun's restart count of the attempt the fault belongs to (0 = the first attempt).
+    ``restart`` is torchrun's restart count of the attempt the fault belongs to (0 = the first attempt);
+    ``val_batch``, when given, sends it at that batch of the validation that runs after ``step``.
     """
 
     def __init__(self, faults: list[dict[str, Any]]) -> None:
@@ -118,8 +119,22 @@ class _Faults(Callback):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
+        self._maybe_signal(trainer, None)
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx, *_
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._maybe_signal(trainer, batch_idx)
+
+    def _maybe_signal(self, trainer: pl.Trainer, val_batch: int | None) -> None:
         for fault in self.faults:
-            if trainer.global_step == fault["step"] and trainer.global_rank == fault["rank"]:
+            if (
+                trainer.global_step == fault["step"]
+                and trainer.global_rank == fault["rank"]
+                and fault.get("val_batch") == val_batch
+            ):
                 os.kill(os.getpid(), signal.Signals[fault["signal"]])
 
 

@@ -230,3 +230,22 @@ def test_two_torchrun_agents_restart_a_preempted_multi_node_job_exactly(tmp_path
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
     expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+
+
+def test_a_notice_during_validation_stops_there_and_the_job_resumes_exactly(tmp_path):
+    steps = 30
+    config = {**base_config(steps), "trainer_kwargs": {"val_check_interval": 10, "limit_val_batches": 4}}
+    reference = _job(tmp_path / "reference", config)
+    _attempt(reference, 300, expect="finish")
+    faults = [{"step": 10, "rank": 1, "signal": "SIGTERM", "val_batch": 1}]
+    job = _job(tmp_path / "job", {**config, "faults": faults})
+    _attempt(job, 300, expect="failure")
+    log = (tmp_path / "job" / "log.txt").read_text()
+    assert "exitcode  : 143" in log
+    assert [r["step"] for r in _traces(tmp_path / "job", 2)[0]] == list(range(1, 11))  # no training step after it
+    manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
+    assert manifest is not None and manifest.global_step == 10
+    _attempt(job, 300, expect="finish")
+    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
+    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
