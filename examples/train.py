@@ -1,7 +1,6 @@
 """Train the char transformer with exact, automatic resume. Run it the same way after any interruption.
 
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 2 --max-restarts 3 \
-        examples/train.py --ckpt-dir runs/job
+    torchrun --standalone --nproc-per-node 2 --max-restarts 3 examples/train.py --ckpt-dir runs/job
 
 Every rank's data position and RNG state are checkpointed; re-running the same command (or torchrun restarting the
 workers) continues from the newest valid checkpoint in ``--ckpt-dir`` and ends bitwise identical to a run that was
@@ -46,7 +45,7 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=world_size,
-        strategy="ddp" if world_size > 1 else "auto",
+        strategy="data_parallel" if world_size > 1 else "auto",  # DDP that survives torchrun restarts
         max_steps=args.steps,
         callbacks=[
             ResumableCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every_n_steps),

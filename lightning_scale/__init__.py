@@ -1,8 +1,19 @@
-"""lightning-scale: plugins for PyTorch Lightning that make training at scale safe and cheap."""
+"""lightning-scale: plugins for PyTorch Lightning that make training at scale safe and cheap.
+
+Importing it registers its strategies with Lightning (``Trainer(strategy="data_parallel")``).
+"""
 
 from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint, SpotPreemption
 from lightning_scale.data import WorkerRNGDataset
+from lightning_scale.strategies import DataParallelStrategy
 
 __version__ = "0.1.0"
 
-__all__ = ["DataStateCheckpoint", "ResumableCheckpoint", "SpotPreemption", "WorkerRNGDataset", "__version__"]
+__all__ = [
+    "DataParallelStrategy",
+    "DataStateCheckpoint",
+    "ResumableCheckpoint",
+    "SpotPreemption",
+    "WorkerRNGDataset",
+    "__version__",
+]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
@@ -24,6 +25,7 @@ __all__ = [
     "broadcast_object",
     "destroy_process_group",
     "gather_object",
+    "init_process_group_per_attempt",
     "on_every_rank",
     "on_rank_zero",
     "rank",
@@ -167,3 +169,21 @@ def on_every_rank(fn: Callable[[], T]) -> T:
     if failed:
         raise RankFailedError("; ".join(failed)) from error
     return value
+
+
+def init_process_group_per_attempt(backend: str, rank: int, world_size: int, timeout: timedelta) -> bool:
+    """Under torchrun, create the default group with keys of its own for each restart; False when not applicable.
+
+    torchrun shares its rendezvous store with the workers (unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), and that
+    store outlives a restart: restarted workers then read the previous attempt's gloo/nccl addresses and fail
+    ("connectFullMesh failed ... Connection refused"). A prefix per restart keeps each attempt's keys apart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or (dist.is_available() and dist.is_initialized()):
+        return False
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed = dist.PrefixStore(f"lightning_scale/attempt_{attempt}", store)
+    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)
+    return True

@@ -68,3 +68,14 @@ def test_resumable_checkpoint_state_round_trips(tmp_path, tiny_trainer_kwargs):
     fresh.dirpath = callback.dirpath
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state and state["run_id"]
+
+
+def test_importing_lightning_scale_registers_data_parallel(tiny_trainer_kwargs):
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    import lightning_scale
+
+    assert "data_parallel" in StrategyRegistry
+    kwargs = {**tiny_trainer_kwargs, "devices": 1}
+    trainer = Trainer(strategy="data_parallel", max_steps=1, **kwargs)
+    assert isinstance(trainer.strategy, lightning_scale.DataParallelStrategy)

@@ -29,6 +29,7 @@ from lightning_scale import distributed, knobs
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import AWSSpotNotice, SignalNotice
+from lightning_scale.strategies import DataParallelStrategy
 
 
 def _load(spec: str) -> Any:
@@ -142,6 +143,16 @@ def _wandb_logger(save_dir: str | None) -> WandbLogger | bool:
     return WandbLogger(save_dir=save_dir, offline=True, project="runner") if save_dir else False
 
 
+def _strategy(name: str) -> DDPStrategy:
+    """``ddp`` or ``data_parallel``; a collective that hangs fails with a traceback instead of waiting forever."""
+    cls = DataParallelStrategy if name == "data_parallel" else DDPStrategy
+    return cls(timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S))
+
+
+def _wandb_logger(save_dir: str | None) -> WandbLogger | bool:
+    return WandbLogger(save_dir=save_dir, offline=True, project="runner") if save_dir else False
+
+
 def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
     sys.path[:0] = [p for p in config["sys_path"] if p not in sys.path]
@@ -176,15 +187,10 @@ def main(config_path: str) -> None:
         accelerator="cpu",
         devices=devices,
         num_nodes=config.get("num_nodes", 1),
-        # a collective that hangs fails with a traceback instead of waiting for the harness to kill the job
-        strategy=DDPStrategy(timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S))
-        if config.get("distributed", devices > 1)
-        else "auto",
+        strategy=_strategy(config.get("strategy", "ddp")) if config.get("distributed", devices > 1) else "auto",
         max_steps=config["steps"],
         callbacks=callbacks,
-        logger=WandbLogger(save_dir=config["wandb_dir"], offline=True, project="runner")
-        if config.get("wandb_dir")
-        else False,
+        logger=_wandb_logger(config.get("wandb_dir")),
         enable_progress_bar=False,
         enable_model_summary=False,
         **config["trainer_kwargs"],

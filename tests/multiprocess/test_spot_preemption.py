@@ -249,3 +249,24 @@ def test_a_notice_during_validation_stops_there_and_the_job_resumes_exactly(tmp_
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
     expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+
+
+def test_data_parallel_strategy_restarts_without_torch_disable_share_rdzv_tcp_store(tmp_path):
+    """The same mixed faults, launched as users type it (no environment variable), with strategy data_parallel."""
+    steps = 60
+    config = {**base_config(steps), "datamodule_factory": "tests.factories:data_workers0"}
+    reference = _job(tmp_path / "reference", config)
+    _attempt(reference, 300, expect="finish")
+    faults = [
+        {"restart": 0, "step": 12, "rank": 1, "signal": "SIGTERM"},
+        {"restart": 1, "step": 25, "rank": 0, "signal": "SIGKILL"},
+        {"restart": 2, "step": 44, "rank": 0, "signal": "SIGTERM"},
+    ]
+    launch_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
+    job_config = {**config, "faults": faults, "max_restarts": 3, "launch_env": launch_env, "strategy": "data_parallel"}
+    job = _job(tmp_path / "job", job_config)
+    _attempt(job, 400, expect="finish")
+    assert (tmp_path / "job" / "log.txt").read_text().count("Auto-resuming from") == 3
+    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
+    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
