@@ -28,7 +28,7 @@ from typing_extensions import override
 from lightning_scale import distributed, knobs
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
-from lightning_scale.preemption import AWSSpotNotice, SignalNotice
+from lightning_scale.preemption import AWSSpotNotice, AzureScheduledEvents, GCPPreemptionNotice, SignalNotice
 from lightning_scale.strategies import DataParallelStrategy
 
 
@@ -176,8 +176,9 @@ def main(config_path: str) -> None:
     if config.get("spot_preemption") is not None:
         grace = config["spot_preemption"].get("grace_seconds", 25.0)
         sources: list = [SignalNotice(signals=("SIGTERM",), grace_seconds=grace)]
-        if aws := config["spot_preemption"].get("aws_base_url"):
-            sources.append(AWSSpotNotice(base_url=aws, poll_interval=0.05))
+        for kind, cls in (("aws", AWSSpotNotice), ("gcp", GCPPreemptionNotice), ("azure", AzureScheduledEvents)):
+            if url := config["spot_preemption"].get(f"{kind}_base_url"):
+                sources.append(cls(base_url=url, poll_interval=0.05))
         callbacks.append(SpotPreemption(sources=sources))
     if config.get("faults"):
         callbacks.append(_Faults(config["faults"]))
