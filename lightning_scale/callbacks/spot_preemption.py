@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -50,6 +51,8 @@ class SpotPreemption(Callback):
         sources: Notice sources to watch; default ``[SignalNotice()]`` (SIGTERM, SIGUSR1).
         check_every_n_steps: Training steps between two votes (>= 1).
         exit_code: Process exit code after a preemption (1-255); 143 is the SIGTERM convention (128 + 15).
+        slurm_requeue: Inside a SLURM job (``SLURM_JOB_ID`` set), rank 0 runs ``scontrol requeue <job id>`` after the
+            checkpoint, so the job goes back to the queue and resumes (submit with ``sbatch --requeue``).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -62,7 +65,11 @@ class SpotPreemption(Callback):
     METRIC_KEYS = ("preemption/step", "preemption/seconds_to_durable", "preemption/saved")
 
     def __init__(
-        self, sources: Sequence[NoticeSource] | None = None, check_every_n_steps: int = 1, exit_code: int = 143
+        self,
+        sources: Sequence[NoticeSource] | None = None,
+        check_every_n_steps: int = 1,
+        exit_code: int = 143,
+        slurm_requeue: bool = True,
     ) -> None:
         if check_every_n_steps < 1:
             raise ValueError(f"check_every_n_steps={check_every_n_steps} must be >= 1 (SpotPreemption).")
@@ -74,6 +81,7 @@ class SpotPreemption(Callback):
             raise TypeError(f"sources={bad!r} are not notice sources (start/poll/acknowledge/stop).")
         self.check_every_n_steps = check_every_n_steps
         self.exit_code = exit_code
+        self.slurm_requeue = slurm_requeue
         self._checkpoint: ResumableCheckpoint | None = None
         self._started = False
         self._preempted: dict[str, Any] | None = None  # the notice that stopped the run, kept in the checkpoint
@@ -213,7 +221,23 @@ class SpotPreemption(Callback):
         where = f"checkpoint {path} durable {seconds:.2f} s after the notice" if path else "no new checkpoint"
         rank_zero_warn(f"Preempted at step {step} ({notice.source}): {where}; exiting with code {self.exit_code}.")
 
+    def _requeue_on_slurm(self) -> None:
+        job = os.environ.get("SLURM_JOB_ID")
+        if not (self.slurm_requeue and job):
+            return
+        try:
+            done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=30)
+            problem = None if done.returncode == 0 else f"exit code {done.returncode}: {done.stderr.strip()[:200]}"
+        except (OSError, subprocess.TimeoutExpired) as err:
+            problem = f"{type(err).__name__}: {err}"
+        if problem:
+            log.warning(f"`scontrol requeue {job}` failed ({problem}); resubmit the job to resume it.")
+        else:
+            log.info(f"Requeued SLURM job {job}; it resumes from the checkpoint when it starts again.")
+
     def _exit(self, trainer: pl.Trainer) -> None:
+        if trainer.is_global_zero:
+            self._requeue_on_slurm()
         self._stop_sources()
         shut_down_dataloader_workers(trainer)  # torchdata workers would outlive os._exit by seconds
         distributed.barrier()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -126,3 +127,20 @@ def test_a_wandb_offline_run_is_finished_with_the_preemption_before_exit(tmp_pat
     assert history_values(records, "preemption/step") == ["7"] and history_values(records, "preemption/saved") == ["1"]
     assert exit_codes(records) == [143]  # finished before os._exit: the run file is complete
     assert any(r.WhichOneof("record_type") == "preempting" for r in records)
+
+
+@pytest.mark.timeout(120)
+def test_inside_slurm_rank0_requeues_the_job_after_the_checkpoint(tmp_path, monkeypatch):
+    # No SLURM here: a stand-in `scontrol` on PATH records how it is called (the real one needs a SLURM cluster).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol-calls"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    job = single_process_job(tmp_path / "job", grace_seconds=25)
+    assert _attempt(job, 100, expect="failure") == 143
+    assert calls.read_text().split() == ["requeue", "4242"]
+    manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
+    assert manifest is not None and manifest.global_step == 7
