@@ -7,12 +7,12 @@ import json
 import time
 
 from lightning_scale.preemption.notice import Notice
-from lightning_scale.preemption.polling import MetadataPoller, http_request
+from lightning_scale.preemption.polling import PollingSource, http_request
 
 __all__ = ["AWSSpotNotice"]
 
 
-class AWSSpotNotice(MetadataPoller):
+class AWSSpotNotice(PollingSource):
     """EC2 spot interruption notice (about 2 minutes ahead), through the IMDSv2 token flow.
 
     ``PUT /latest/api/token`` gives a session token; ``GET /latest/meta-data/spot/instance-action`` answers 404 until
@@ -31,7 +31,7 @@ class AWSSpotNotice(MetadataPoller):
     TOKEN_TTL_S = 21600
 
     def __init__(self, base_url: str = "http://169.254.169.254", poll_interval: float = 5.0) -> None:
-        super().__init__(base_url, poll_interval)
+        super().__init__(poll_interval, base_url)
         self._token: tuple[str, float] | None = None
 
     def _token_header(self) -> dict[str, str]:

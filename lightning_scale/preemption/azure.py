@@ -7,12 +7,12 @@ import json
 import time
 
 from lightning_scale.preemption.notice import Notice
-from lightning_scale.preemption.polling import MetadataPoller, http_request, validate_interval
+from lightning_scale.preemption.polling import PollingSource, http_request, validate_interval
 
 __all__ = ["AzureScheduledEvents"]
 
 
-class AzureScheduledEvents(MetadataPoller):
+class AzureScheduledEvents(PollingSource):
     """Azure spot eviction: a ``Preempt`` event in Scheduled Events, acknowledged once the checkpoint is durable.
 
     Args:
@@ -31,7 +31,7 @@ class AzureScheduledEvents(MetadataPoller):
     def __init__(
         self, base_url: str = "http://169.254.169.254", poll_interval: float = 5.0, grace_seconds: float = 30.0
     ) -> None:
-        super().__init__(base_url, poll_interval)
+        super().__init__(poll_interval, base_url)
         self.grace_seconds = validate_interval(grace_seconds, "grace_seconds")
 
     def _check(self) -> Notice | None:

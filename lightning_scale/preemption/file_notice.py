@@ -6,12 +6,12 @@ import os
 import time
 
 from lightning_scale.preemption.notice import Notice
-from lightning_scale.preemption.polling import PollingThread, validate_interval
+from lightning_scale.preemption.polling import PollingSource, validate_interval
 
 __all__ = ["FileNotice"]
 
 
-class FileNotice:
+class FileNotice(PollingSource):
     """A notice when ``path`` exists; its text, if any, is kept as the detail.
 
     Args:
@@ -25,12 +25,13 @@ class FileNotice:
         True
     """
 
+    name = "file"
+
     def __init__(self, path: str, poll_interval: float = 1.0, grace_seconds: float = 25.0) -> None:
+        super().__init__(poll_interval)
         self.path = str(path)
-        self.poll_interval = validate_interval(poll_interval, "poll_interval")
         self.grace_seconds = validate_interval(grace_seconds, "grace_seconds")
         self._seen_empty = False
-        self._thread = PollingThread("file", self._check, self.poll_interval)
 
     def _check(self) -> Notice | None:
         if not os.path.exists(self.path):
@@ -42,15 +43,3 @@ class FileNotice:
             return None
         now = time.time()
         return Notice("file", now, now + self.grace_seconds, detail or self.path)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def poll(self) -> Notice | None:
-        return self._thread.notice
-
-    def acknowledge(self, notice: Notice) -> None:
-        """A file needs no answer."""
-
-    def stop(self) -> None:
-        self._thread.stop()

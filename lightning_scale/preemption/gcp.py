@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 
 from lightning_scale.preemption.notice import Notice
-from lightning_scale.preemption.polling import MetadataPoller, http_request, validate_interval
+from lightning_scale.preemption.polling import PollingSource, http_request, validate_interval
 
 __all__ = ["GCPPreemptionNotice"]
 
 
-class GCPPreemptionNotice(MetadataPoller):
+class GCPPreemptionNotice(PollingSource):
     """GCP preemptible/spot VM notice: ``instance/preempted`` turns ``TRUE`` about 30 s before the stop.
 
     Args:
@@ -28,7 +28,7 @@ class GCPPreemptionNotice(MetadataPoller):
     def __init__(
         self, base_url: str = "http://metadata.google.internal", poll_interval: float = 5.0, grace_seconds: float = 30.0
     ) -> None:
-        super().__init__(base_url, poll_interval)
+        super().__init__(poll_interval, base_url)
         self.grace_seconds = validate_interval(grace_seconds, "grace_seconds")
 
     def _check(self) -> Notice | None:

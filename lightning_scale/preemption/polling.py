@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from lightning_scale.preemption.notice import Notice
 
-__all__ = ["MetadataPoller", "PollingThread", "http_request", "validate_base_url", "validate_interval"]
+__all__ = ["PollingSource", "PollingThread", "http_request", "validate_base_url", "validate_interval"]
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +84,16 @@ class PollingThread:
             self._stop.wait(self.interval_s)
 
 
-class MetadataPoller:
-    """Start/poll/stop over a :class:`PollingThread`, shared by the cloud sources; subclasses define ``_check``."""
+class PollingSource:
+    """A notice source that checks in a daemon thread: start/poll/acknowledge/stop over a :class:`PollingThread`.
 
-    name = "metadata"
+    Subclasses define ``_check`` (and ``name``); HTTP sources pass ``base_url``, validated here.
+    """
 
-    def __init__(self, base_url: str, poll_interval: float) -> None:
-        self.base_url = validate_base_url(base_url)
+    name = "polling"
+
+    def __init__(self, poll_interval: float, base_url: str | None = None) -> None:
+        self.base_url = validate_base_url(base_url) if base_url is not None else None
         self.poll_interval = validate_interval(poll_interval, "poll_interval")
         self._thread = PollingThread(self.name, self._check, self.poll_interval)
 
@@ -98,7 +101,7 @@ class MetadataPoller:
         raise NotImplementedError
 
     def start(self) -> None:
-        """Start polling in a daemon thread (no network call before this)."""
+        """Start polling in a daemon thread (no check, and no network call, before this)."""
         self._thread.start()
 
     def poll(self) -> Notice | None:
@@ -106,7 +109,7 @@ class MetadataPoller:
         return self._thread.notice
 
     def acknowledge(self, notice: Notice) -> None:
-        """Nothing to answer for this provider."""
+        """Nothing to answer for this source."""
 
     def stop(self) -> None:
         """Stop polling; safe to call twice."""

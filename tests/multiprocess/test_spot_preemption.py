@@ -44,6 +44,12 @@ def base_config(steps: int) -> dict:
     }
 
 
+def assert_same_final_weights(job: Path, reference: Path) -> None:
+    resumed = torch.load(job / "final_rank0.pt", weights_only=True)
+    expected = torch.load(reference / "final_rank0.pt", weights_only=True)
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+
+
 def processes_mentioning(path: Path) -> list[int]:
     found = []
     for pid in descendants(1):
@@ -82,9 +88,7 @@ def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(tmp_p
     for r in (0, 1):
         assert [rec["step"] for rec in traces[r]] == list(range(1, steps + 1))  # restarted at step + 2, none lost
         assert [rec["batch"] for rec in traces[r]] == [rec["batch"] for rec in reference_traces[r]]
-    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
-    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
-    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+    assert_same_final_weights(tmp_path / "job", tmp_path / "reference")
 
 
 class Metadata(http.server.BaseHTTPRequestHandler):
@@ -155,9 +159,7 @@ def test_cloud_notice_from_a_loopback_metadata_server_stops_the_job_and_it_resum
         traces, reference_traces = _traces(tmp_path / "job", 2), _traces(tmp_path / "reference", 2)
         assert [r["step"] for r in traces[0]] == list(range(1, steps + 1))
         assert [r["batch"] for r in traces[1]] == [r["batch"] for r in reference_traces[1]]
-        resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
-        expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
-        assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+        assert_same_final_weights(tmp_path / "job", tmp_path / "reference")
     finally:
         server.shutdown()
 
@@ -211,9 +213,7 @@ def test_two_torchrun_agents_restart_a_preempted_multi_node_job_exactly(tmp_path
         last_record = {r["step"]: r for r in _traces(tmp_path / "job", 2)[rank]}
         reference_records = _traces(tmp_path / "reference", 2)[rank]
         assert [last_record[r["step"]]["batch"] for r in reference_records] == [r["batch"] for r in reference_records]
-    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
-    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
-    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+    assert_same_final_weights(tmp_path / "job", tmp_path / "reference")
 
 
 def test_a_notice_during_validation_stops_there_and_the_job_resumes_exactly(tmp_path):
@@ -230,9 +230,7 @@ def test_a_notice_during_validation_stops_there_and_the_job_resumes_exactly(tmp_
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == 10
     _attempt(job, 300, expect="finish")
-    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
-    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
-    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+    assert_same_final_weights(tmp_path / "job", tmp_path / "reference")
 
 
 def test_data_parallel_strategy_restarts_without_torch_disable_share_rdzv_tcp_store(tmp_path):
@@ -251,6 +249,4 @@ def test_data_parallel_strategy_restarts_without_torch_disable_share_rdzv_tcp_st
     job = _job(tmp_path / "job", job_config)
     _attempt(job, 400, expect="finish")
     assert (tmp_path / "job" / "log.txt").read_text().count("Auto-resuming from") == 3
-    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
-    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
-    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+    assert_same_final_weights(tmp_path / "job", tmp_path / "reference")
