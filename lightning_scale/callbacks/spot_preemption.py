@@ -85,6 +85,7 @@ class SpotPreemption(Callback):
         self._checkpoint: ResumableCheckpoint | None = None
         self._started = False
         self._preempted: dict[str, Any] | None = None  # the notice that stopped the run, kept in the checkpoint
+        self._last_voted_step = -1
 
     @property
     @override
@@ -113,6 +114,7 @@ class SpotPreemption(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_voted_step = trainer.global_step  # the restored step was checkpointed already
         if self._preempted is not None:
             p = self._preempted
             rank_zero_info(
@@ -130,8 +132,11 @@ class SpotPreemption(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step % self.check_every_n_steps:
+        # Vote only right after an optimizer step: with gradient accumulation, stopping inside the accumulation window
+        # would lose the gradients gathered so far. global_step is the same on every rank, so all ranks vote alike.
+        if trainer.global_step == self._last_voted_step or trainer.global_step % self.check_every_n_steps:
             return
+        self._last_voted_step = trainer.global_step
         local = self._local_notice()
         if distributed.any_rank(local is not None):
             self._preempt(trainer, local)

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from examples.char_transformer import CharDataModule, CharTransformer
@@ -79,7 +80,6 @@ def single_process_job(tmp_path: Path, grace_seconds: float, **extra) -> Path:
     return _job(
         tmp_path,
         {
-            **extra,
             "model_factory": "tests.factories:model",
             "datamodule_factory": "tests.factories:data_workers2",
             "steps": 20,
@@ -93,6 +93,7 @@ def single_process_job(tmp_path: Path, grace_seconds: float, **extra) -> Path:
             "interrupt_at": None,
             "spot_preemption": {"grace_seconds": grace_seconds},
             "faults": [{"step": 6, "rank": 0, "signal": "SIGTERM"}],
+            **extra,
         },
     )
 
@@ -144,3 +145,18 @@ def test_inside_slurm_rank0_requeues_the_job_after_the_checkpoint(tmp_path, monk
     assert calls.read_text().split() == ["requeue", "4242"]
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == 7
+
+
+@pytest.mark.timeout(180)
+def test_with_gradient_accumulation_it_stops_after_an_optimizer_step_and_resumes_exactly(tmp_path):
+    kwargs = {"limit_val_batches": 0, "accumulate_grad_batches": 4}
+    reference = single_process_job(tmp_path / "reference", grace_seconds=25, trainer_kwargs=kwargs, faults=[])
+    _attempt(reference, 100, expect="finish")
+    job = single_process_job(tmp_path / "job", grace_seconds=25, trainer_kwargs=kwargs)  # SIGTERM during step 7
+    assert _attempt(job, 100, expect="failure") == 143
+    manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
+    assert manifest is not None and manifest.global_step == 7  # not in the middle of the accumulation window
+    _attempt(job, 100, expect="finish")
+    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
+    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
