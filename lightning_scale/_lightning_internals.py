@@ -175,9 +175,14 @@ def shut_down_dataloader_workers(trainer: pl.Trainer) -> None:
     """Stop the worker processes of every train and validation dataloader (torch's and torchdata's iterators)."""
     loops = [trainer.fit_loop, trainer.fit_loop.epoch_loop.val_loop]
     for combined in (getattr(loop, "_combined_loader", None) for loop in loops):
-        for loader in [] if combined is None else combined.flattened:
-            iterator = getattr(loader, "_iterator", None)
+        if combined is None:
+            continue
+        mode_iterator = getattr(combined, "_iterator", None)  # holds iterators that loaders without persistent
+        iterators = list(getattr(mode_iterator, "iterators", None) or [])  # workers never keep themselves
+        iterators += [getattr(loader, "_iterator", None) for loader in combined.flattened]
+        for iterator in iterators:
             if callable(getattr(iterator, "_shutdown_workers", None)):
                 iterator._shutdown_workers()
-            if iterator is not None:
+        for loader in combined.flattened:
+            if getattr(loader, "_iterator", None) is not None:
                 loader._iterator = None

@@ -176,9 +176,14 @@ def init_process_group_per_attempt(backend: str, rank: int, world_size: int, tim
 
     torchrun shares its rendezvous store with the workers (unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), and that
     store outlives a restart: restarted workers then read the previous attempt's gloo/nccl addresses and fail
-    ("connectFullMesh failed ... Connection refused"). A prefix per restart keeps each attempt's keys apart.
+    ("connectFullMesh failed ... Connection refused"). A prefix per restart keeps each attempt's keys apart. Single
+    node only: across nodes the restart counts differ, so multi-node jobs set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or (dist.is_available() and dist.is_initialized()):
+        return False
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+        # Each agent counts its own restarts (an agent restarted because another node failed does not count), so
+        # the count is no common key across nodes: multi-node jobs need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
         return False
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["COLLECTIVE_TIMEOUT_S", "HASH_CHUNK_BYTES", "LOADER_STATE_HISTORY"]
+__all__ = [
+    "COLLECTIVE_TIMEOUT_S",
+    "HASH_CHUNK_BYTES",
+    "HTTP_TIMEOUT_S",
+    "LOADER_STATE_HISTORY",
+    "PREEMPTION_SAVE_MARGIN",
+]
 
 
 def _int(name: str, default: int) -> int:
     return int(os.environ.get(f"LIGHTNING_SCALE_{name}", default))
+
+
+def _float(name: str, default: float) -> float:
+    return float(os.environ.get(f"LIGHTNING_SCALE_{name}", default))
 
 
 HASH_CHUNK_BYTES = _int("HASH_CHUNK_BYTES", 8 * 1024 * 1024)
@@ -19,3 +29,9 @@ LOADER_STATE_HISTORY = _int("LOADER_STATE_HISTORY", 4)
 
 COLLECTIVE_TIMEOUT_S = _int("COLLECTIVE_TIMEOUT_S", 120)
 """Process-group timeout of the jobs that ``assert_exact_resume`` runs: a hang fails with a traceback."""
+
+PREEMPTION_SAVE_MARGIN = _float("PREEMPTION_SAVE_MARGIN", 1.5)
+"""On a notice, save only when the time left exceeds this multiple of the last measured save time."""
+
+HTTP_TIMEOUT_S = _float("HTTP_TIMEOUT_S", 2.0)
+"""Timeout of one request to a cloud metadata service."""

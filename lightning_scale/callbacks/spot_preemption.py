@@ -17,17 +17,15 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
-from lightning_scale import distributed
+from lightning_scale import distributed, knobs
 from lightning_scale._lightning_internals import shut_down_dataloader_workers
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
+from lightning_scale.checkpoint import CheckpointStorageError
 from lightning_scale.preemption import Notice, NoticeSource, SignalNotice
 
 __all__ = ["SpotPreemption"]
 
 log = logging.getLogger(__name__)
-
-SAVE_MARGIN = 1.5
-"""A save is attempted only when the time left exceeds this multiple of the last measured save time."""
 
 
 class SpotPreemption(Callback):
@@ -103,6 +101,18 @@ class SpotPreemption(Callback):
                 "a notice; add lightning_scale.callbacks.ResumableCheckpoint(dirpath=...)."
             )
         self._checkpoint = found[0]
+        # Pollers from now on. Signal handlers only once Lightning installed its own (below): installed earlier, they
+        # would become the "original" handlers that Lightning puts back after fit.
+        for source in self.sources:
+            if not isinstance(source, SignalNotice):
+                source.start()
+        self._started = True
+
+    @override
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning registers its SIGTERM handler (which runs a collective inside the handler) right before the
+        # stage; the sanity check is the first hook after that, on_train_start the first without a sanity check.
+        self._start_sources()
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -122,10 +132,11 @@ class SpotPreemption(Callback):
                 f"rank stopped at, so no step was lost), {time.time() - p['received_unix']:.1f} s after the notice."
             )
             self._preempted = None
-        # Lightning installs its own SIGTERM handler (which runs a collective inside the handler) right before the
-        # stage runs; this is the first hook after it, so our flag-only handlers replace it for our signals.
+        self._start_sources()
+
+    def _start_sources(self) -> None:
         for source in self.sources:
-            source.start()
+            source.start()  # idempotent: pollers keep running, signal handlers are installed again
         self._started = True
 
     @override
@@ -199,18 +210,30 @@ class SpotPreemption(Callback):
             f"left, {measured}: {choice}"
         )
         self._preempted = {"source": notice.source, "received_unix": notice.received_unix, "step": trainer.global_step}
-        path = self._checkpoint.save_now(trainer) if save else None
-        seconds = time.time() - notice.received_unix
-        self._report(trainer, notice, path, seconds)
-        if trainer.local_rank == 0:
-            for source in self.sources:
-                source.acknowledge(notice)
+        path = None
+        if save:
+            try:
+                path = self._checkpoint.save_now(trainer)
+            except CheckpointStorageError as err:  # raised on every rank; the previous checkpoint is untouched
+                rank_zero_warn(f"The emergency checkpoint failed ({err}); exiting anyway.")
+        self._report(trainer, notice, path, time.time() - notice.received_unix)
+        self._acknowledge()
         self._exit(trainer)
+
+    def _acknowledge(self) -> None:
+        """Each source answers its own notice (Azure approves its event); a failure must not stop the exit."""
+        for source in self.sources:
+            own = source.poll()
+            if own is not None:
+                try:
+                    source.acknowledge(own)
+                except Exception as err:
+                    log.warning(f"Acknowledging the {own.source} notice failed ({type(err).__name__}: {err}).")
 
     def _can_save_in_time(self, notice: Notice) -> bool:
         assert self._checkpoint is not None
         expected = self._checkpoint.last_save_seconds
-        return expected is None or notice.seconds_left() > SAVE_MARGIN * expected
+        return expected is None or notice.seconds_left() > knobs.PREEMPTION_SAVE_MARGIN * expected
 
     def _report(self, trainer: pl.Trainer, notice: Notice, path: str | None, seconds: float) -> None:
         step = trainer.global_step
@@ -218,11 +241,14 @@ class SpotPreemption(Callback):
         metrics["preemption/saved"] = float(path is not None)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
-                logger.finalize("preempted")
-                if isinstance(logger, WandbLogger):  # Lightning never finishes the run; os._exit would cut it off
-                    logger.experiment.mark_preempting()
-                    logger.experiment.finish(exit_code=self.exit_code)
+                try:
+                    logger.log_metrics(metrics, step=step)
+                    logger.finalize("failed")  # Lightning's status for a run that did not finish
+                    if isinstance(logger, WandbLogger):  # Lightning never finishes the run; os._exit would cut it off
+                        logger.experiment.mark_preempting()
+                        logger.experiment.finish(exit_code=self.exit_code)
+                except Exception as err:  # every rank must reach the exit barrier
+                    log.warning(f"{type(logger).__name__} failed while finishing ({type(err).__name__}: {err}).")
         where = f"checkpoint {path} durable {seconds:.2f} s after the notice" if path else "no new checkpoint"
         rank_zero_warn(f"Preempted at step {step} ({notice.source}): {where}; exiting with code {self.exit_code}.")
 
@@ -243,7 +269,8 @@ class SpotPreemption(Callback):
     def _exit(self, trainer: pl.Trainer) -> None:
         if trainer.is_global_zero:
             self._requeue_on_slurm()
-        self._stop_sources()
+        # Sources are not stopped: our flag-only signal handlers must stay (a SIGTERM from the requeue or from
+        # torchrun must not reach Lightning's handler, which runs a collective), and daemon pollers end with us.
         shut_down_dataloader_workers(trainer)  # torchdata workers would outlive os._exit by seconds
         distributed.barrier()
         distributed.destroy_process_group()

@@ -32,9 +32,16 @@ class FileNotice(PollingSource):
         self.path = str(path)
         self.grace_seconds = validate_interval(grace_seconds, "grace_seconds")
         self._seen_empty = False
+        self._since_unix: float | None = None
+
+    def start(self) -> None:
+        """Watch for the file; one left from before this start (an earlier attempt's notice) is ignored."""
+        if self._since_unix is None:
+            self._since_unix = time.time() - 1.0  # coarse file times
+        super().start()
 
     def _check(self) -> Notice | None:
-        if not os.path.exists(self.path):
+        if not os.path.exists(self.path) or os.path.getmtime(self.path) < (self._since_unix or 0.0):
             return None
         with open(self.path, errors="replace") as handle:
             detail = handle.read(200).strip()

@@ -10,13 +10,14 @@ import urllib.request
 import warnings
 from collections.abc import Callable
 
+from lightning_scale import knobs
 from lightning_scale.preemption.notice import Notice
 
 __all__ = ["PollingSource", "PollingThread", "http_request", "validate_base_url", "validate_interval"]
 
 log = logging.getLogger(__name__)
 
-HTTP_TIMEOUT_S = 2.0
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # metadata services are link-local: no proxy
 
 
 def validate_base_url(base_url: str, argument: str = "base_url") -> str:
@@ -34,11 +35,13 @@ def validate_interval(value: float, argument: str) -> float:
     return float(value)
 
 
-def http_request(url: str, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None):
-    """``(status, body)`` of one request; HTTP error statuses are returned, network errors raise ``OSError``."""
+def http_request(
+    url: str, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, bytes]:
+    """``(status, body)`` of one request, never through a proxy; HTTP errors are returned, network errors raise."""
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+        with _OPENER.open(request, timeout=knobs.HTTP_TIMEOUT_S) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
@@ -67,7 +70,7 @@ class PollingThread:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=HTTP_TIMEOUT_S + self.interval_s)
+            self._thread.join(timeout=knobs.HTTP_TIMEOUT_S + self.interval_s)
             self._thread = None
 
     def _run(self) -> None:
@@ -79,7 +82,6 @@ class PollingThread:
                 if not self._warned:
                     self._warned = True
                     message = f"{self.name} preemption check failed ({type(err).__name__}: {err}); still polling."
-                    log.warning(message)
                     warnings.warn(message, stacklevel=1)
             self._stop.wait(self.interval_s)
 

@@ -16,8 +16,9 @@ class DataParallelStrategy(DDPStrategy):
     Compared with Lightning's ``ddp``: under ``torchrun --max-restarts`` the default process group is created with
     keys of its own for each restart, so restarted workers do not read the previous attempt's addresses from the
     agent's store (with stock ``ddp``, every restart after a SIGKILLed worker failed in gloo's ``connectFullMesh``
-    unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` was set). Everything else is Lightning's ``DDPStrategy``, with the
-    same arguments; ZeRO-1 and gradient compression come with their issue.
+    unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` was set). On several nodes the agents count restarts separately,
+    so there the environment variable is still needed. Everything else is Lightning's ``DDPStrategy``, with the same
+    arguments; ZeRO-1 and gradient compression come with their issue.
 
     Example:
         >>> import lightning_scale  # registers the strategy

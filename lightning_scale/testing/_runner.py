@@ -112,11 +112,6 @@ class _Faults(Callback):
     def __init__(self, faults: list[dict[str, Any]]) -> None:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.faults = [f for f in faults if f.get("restart", 0) == restart]
-        self.fresh = True
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.fresh = trainer.global_step == 0 or bool(self.faults)
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
@@ -147,10 +142,6 @@ def _strategy(name: str) -> DDPStrategy:
     """``ddp`` or ``data_parallel``; a collective that hangs fails with a traceback instead of waiting forever."""
     cls = DataParallelStrategy if name == "data_parallel" else DDPStrategy
     return cls(timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S))
-
-
-def _wandb_logger(save_dir: str | None) -> WandbLogger | bool:
-    return WandbLogger(save_dir=save_dir, offline=True, project="runner") if save_dir else False
 
 
 def main(config_path: str) -> None:

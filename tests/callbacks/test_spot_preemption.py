@@ -47,21 +47,28 @@ def test_without_a_resumable_checkpoint_fit_fails_before_training(tiny_trainer_k
 
 class HandlerProbe(Callback):
     def __init__(self) -> None:
-        self.seen: list = []
+        self.sanity: list = []
+        self.training: list = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if trainer.sanity_checking:
+            self.sanity.append(signal.getsignal(signal.SIGTERM))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.seen.append(signal.getsignal(signal.SIGTERM))
+        self.training.append(signal.getsignal(signal.SIGTERM))
 
 
-def test_replaces_lightnings_sigterm_handler_while_training_and_restores_it(tmp_path, tiny_trainer_kwargs):
+def test_replaces_lightnings_sigterm_handler_from_the_sanity_check_on_and_restores_it(tmp_path, tiny_trainer_kwargs):
     before = signal.getsignal(signal.SIGTERM)
     source, probe = SignalNotice(), HandlerProbe()
     callbacks = [ResumableCheckpoint(dirpath=str(tmp_path / "ckpt")), SpotPreemption([source]), probe]
     seed_everything(0)
-    Trainer(max_steps=3, callbacks=callbacks, **tiny_trainer_kwargs).fit(
+    kwargs = {**tiny_trainer_kwargs, "limit_val_batches": 2, "num_sanity_val_steps": 2}
+    Trainer(max_steps=3, callbacks=callbacks, **kwargs).fit(
         CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8)
     )
-    assert probe.seen == [source._handle] * 3  # Lightning's handler (a collective inside a handler) never runs
+    # Lightning's handler runs a collective inside the handler: it must never be the one installed while fitting
+    assert probe.sanity == [source._handle] * 2 and probe.training == [source._handle] * 3
     assert signal.getsignal(signal.SIGTERM) == before
 
 
@@ -126,6 +133,7 @@ def test_a_wandb_offline_run_is_finished_with_the_preemption_before_exit(tmp_pat
     assert len(runs) == 1
     records = read_records(runs[0])
     assert history_values(records, "preemption/step") == ["7"] and history_values(records, "preemption/saved") == ["1"]
+    assert all(history_values(records, key) for key in SpotPreemption.METRIC_KEYS)  # the documented keys are logged
     assert exit_codes(records) == [143]  # finished before os._exit: the run file is complete
     assert any(r.WhichOneof("record_type") == "preempting" for r in records)
 

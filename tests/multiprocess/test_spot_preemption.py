@@ -218,7 +218,11 @@ def test_two_torchrun_agents_restart_a_preempted_multi_node_job_exactly(tmp_path
 
 def test_a_notice_during_validation_stops_there_and_the_job_resumes_exactly(tmp_path):
     steps = 30
-    config = {**base_config(steps), "trainer_kwargs": {"val_check_interval": 10, "limit_val_batches": 4}}
+    config = {
+        **base_config(steps),
+        "checkpoint_every": 7,  # so that the checkpoint written during validation at step 10 is a new one
+        "trainer_kwargs": {"val_check_interval": 10, "limit_val_batches": 4},
+    }
     reference = _job(tmp_path / "reference", config)
     _attempt(reference, 300, expect="finish")
     faults = [{"step": 10, "rank": 1, "signal": "SIGTERM", "val_batch": 1}]

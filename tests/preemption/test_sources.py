@@ -399,3 +399,15 @@ def test_bad_argument_is_rejected_naming_it(name, argument, value):
 @pytest.mark.parametrize("name", MAKERS)
 def test_every_source_is_a_notice_source(name):
     assert isinstance(MAKERS[name](), NoticeSource)
+
+
+def test_file_notice_ignores_a_file_left_from_before_it_started(tmp_path, running):
+    path = tmp_path / "notice"
+    path.write_text("an earlier attempt's notice")
+    os.utime(path, (time.time() - 60, time.time() - 60))
+    source = running(FileNotice(str(path), poll_interval=FAST))
+    time.sleep(0.3)
+    assert source.poll() is None  # a restarted job is not preempted again by the old file
+    path.write_text("a new notice")
+    wait_for(lambda: source.poll() is not None)
+    assert source.poll().detail == "a new notice"
