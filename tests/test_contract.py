@@ -79,3 +79,11 @@ def test_importing_lightning_scale_registers_data_parallel(tiny_trainer_kwargs):
     kwargs = {**tiny_trainer_kwargs, "devices": 1}
     trainer = Trainer(strategy="data_parallel", max_steps=1, **kwargs)
     assert isinstance(trainer.strategy, lightning_scale.DataParallelStrategy)
+
+
+@pytest.mark.parametrize("cls", [ResumableCheckpoint, SpotPreemption], ids=lambda c: c.__name__)
+def test_state_of_an_unknown_version_is_refused_with_the_fix(cls, tmp_path):
+    callback = build(cls, tmp_path)
+    state = {**callback.state_dict(), "version": 2}
+    with pytest.raises(ValueError, match=r"version 2; this lightning-scale reads version 1\. Resume with"):
+        callback.load_state_dict(state)

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 PARTIAL_SUFFIX = ".partial"
+STATE_VERSION = 1
 
 
 class ResumableCheckpoint(ModelCheckpoint):
@@ -329,10 +330,21 @@ class ResumableCheckpoint(ModelCheckpoint):
     @override
     def state_dict(self) -> dict[str, Any]:
         step = self._trainer.global_step if self._trainer is not None else None
-        return {**super().state_dict(), "run_id": self._run_id, "generation": self._generation, "global_step": step}
+        return {
+            **super().state_dict(),
+            "version": STATE_VERSION,
+            "run_id": self._run_id,
+            "generation": self._generation,
+            "global_step": step,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("version", STATE_VERSION) != STATE_VERSION:
+            raise ValueError(
+                f"ResumableCheckpoint state has version {state_dict['version']!r}; this lightning-scale reads version "
+                f"{STATE_VERSION}. Resume with the lightning-scale release that wrote the checkpoint."
+            )
         super().load_state_dict(state_dict)
         self._run_id = state_dict.get("run_id", self._run_id)
         self._generation = state_dict.get("generation", 0)

@@ -120,6 +120,7 @@ class SpotPreemption(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        _check_state_version(state_dict, "SpotPreemption")
         self._preempted = state_dict.get("preempted")
 
     @override
@@ -277,3 +278,11 @@ class SpotPreemption(Callback):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(self.exit_code)
+
+
+def _check_state_version(state_dict: dict[str, Any], owner: str) -> None:
+    if state_dict.get("version", 1) != 1:
+        raise ValueError(
+            f"{owner} state has version {state_dict['version']!r}; this lightning-scale reads version 1. Resume with "
+            "the lightning-scale release that wrote the checkpoint."
+        )
