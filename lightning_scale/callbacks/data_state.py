@@ -22,13 +22,13 @@ from lightning_scale._lightning_internals import (
     train_loaders,
     unrepeatable_shuffle,
 )
+from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["DataStateCheckpoint"]
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
 _ITERATOR_FINISHED = "_iterator_finished"  # torchdata StatefulDataLoader state key
 
 
@@ -94,11 +94,7 @@ class DataStateCheckpoint(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self._trainer is None:
             return  # validate/test/predict restore callbacks too; data positions matter only to fit
-        if state_dict.get("version") != STATE_VERSION:
-            raise ValueError(
-                f"DataStateCheckpoint state has version {state_dict.get('version')!r}, this lightning-scale reads "
-                f"version {STATE_VERSION}. Resume with the lightning-scale release that wrote the checkpoint."
-            )
+        check_state_version(state_dict, "DataStateCheckpoint", missing=None)
         saved_world, world = state_dict["world_size"], distributed.world_size()
         if saved_world == world:
             self._pending = state_dict[f"rank_{distributed.rank()}"]

@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from lightning_scale import distributed
 from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset
+from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.checkpoint.manifest import (
     PREVIOUS_SUFFIX,
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 PARTIAL_SUFFIX = ".partial"
-STATE_VERSION = 1
 
 
 class ResumableCheckpoint(ModelCheckpoint):
@@ -340,11 +340,7 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict.get("version", STATE_VERSION) != STATE_VERSION:
-            raise ValueError(
-                f"ResumableCheckpoint state has version {state_dict['version']!r}; this lightning-scale reads version "
-                f"{STATE_VERSION}. Resume with the lightning-scale release that wrote the checkpoint."
-            )
+        check_state_version(state_dict, "ResumableCheckpoint")
         super().load_state_dict(state_dict)
         self._run_id = state_dict.get("run_id", self._run_id)
         self._generation = state_dict.get("generation", 0)

@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from lightning_scale import distributed, knobs
 from lightning_scale._lightning_internals import shut_down_dataloader_workers
+from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError
 from lightning_scale.preemption import Notice, NoticeSource, SignalNotice
@@ -116,11 +117,11 @@ class SpotPreemption(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"version": 1, "preempted": self._preempted}
+        return {"version": STATE_VERSION, "preempted": self._preempted}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        _check_state_version(state_dict, "SpotPreemption")
+        check_state_version(state_dict, "SpotPreemption")
         self._preempted = state_dict.get("preempted")
 
     @override
@@ -278,11 +279,3 @@ class SpotPreemption(Callback):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(self.exit_code)
-
-
-def _check_state_version(state_dict: dict[str, Any], owner: str) -> None:
-    if state_dict.get("version", 1) != 1:
-        raise ValueError(
-            f"{owner} state has version {state_dict['version']!r}; this lightning-scale reads version 1. Resume with "
-            "the lightning-scale release that wrote the checkpoint."
-        )
