@@ -3,13 +3,21 @@
 Importing it registers its strategies with Lightning (``Trainer(strategy="data_parallel")``).
 """
 
-from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint, SpotPreemption
+from lightning_scale.callbacks import (
+    BudgetedEarlyStopping,
+    CostTracker,
+    DataStateCheckpoint,
+    ResumableCheckpoint,
+    SpotPreemption,
+)
 from lightning_scale.data import WorkerRNGDataset
 from lightning_scale.strategies import DataParallelStrategy
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BudgetedEarlyStopping",
+    "CostTracker",
     "DataParallelStrategy",
     "DataStateCheckpoint",
     "ResumableCheckpoint",

@@ -1,6 +1,6 @@
 """The one place where lightning-scale touches private parts of Lightning.
 
-Lightning 2.6 offers no public hook for six things exact resumption needs; each is wrapped here, and
+Lightning 2.6 offers no public hook for seven things exact resumption needs; each is wrapped here, and
 ``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
 
 1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
@@ -14,18 +14,23 @@ Lightning 2.6 offers no public hook for six things exact resumption needs; each 
    reported to all ranks instead of leaving them waiting at that barrier;
 6. replacing Lightning's SIGTERM handler (it runs a collective inside the handler) — done by installing ours after
    Lightning's, in ``on_train_start`` — and stopping dataloader worker processes before an emergency exit (Lightning's
-   ``CombinedLoader.reset`` only stops torch's own multi-process iterator, not torchdata's).
+   ``CombinedLoader.reset`` only stops torch's own multi-process iterator, not torchdata's);
+7. continuing a W&B run after a restart: ``WandbLogger`` opens its run before any callback runs (in the setup
+   hook, before the checkpoint with the run's id is loaded), and offers no public way to open another one.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.data import sized_len
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
@@ -39,6 +44,7 @@ __all__ = [
     "drop_lightning_loader_state",
     "dump_checkpoint",
     "is_last_batch_of_epoch",
+    "reopen_wandb_run",
     "restore_from_when_unset",
     "shut_down_dataloader_workers",
     "track_loader_states_when_fetching_ahead",
@@ -186,3 +192,22 @@ def shut_down_dataloader_workers(trainer: pl.Trainer) -> None:
         for loader in combined.flattened:
             if getattr(loader, "_iterator", None) is not None:
                 loader._iterator = None
+
+
+def reopen_wandb_run(logger: WandbLogger, run_id: str) -> None:
+    """Make ``logger`` continue the W&B run ``run_id`` (``resume="allow"``) instead of the run it opened at setup.
+
+    Call on rank 0, before anything was logged to the run being replaced. That run is finished; offline, its local
+    directory (empty but for W&B's own files) is removed, so only the continued run remains.
+    """
+    fresh = logger.experiment
+    if fresh.id == run_id:
+        return
+    fresh_dir = Path(fresh.dir).parent if fresh.offline else None
+    fresh.finish()
+    if fresh_dir is not None:
+        shutil.rmtree(fresh_dir, ignore_errors=True)
+    logger._wandb_init.update(id=run_id, resume="allow")
+    logger._id = run_id
+    logger._experiment = None
+    _ = logger.experiment  # opens the continued run now, as Lightning's setup did for the fresh one

@@ -1,7 +1,17 @@
 """Lightning callbacks of lightning-scale."""
 
+from lightning_scale.callbacks.budgeted_early_stopping import BudgetedEarlyStopping
+from lightning_scale.callbacks.cost_tracker import CostTracker
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.callbacks.spot_preemption import SpotPreemption
+from lightning_scale.callbacks.wandb_resume import WandbResume
 
-__all__ = ["DataStateCheckpoint", "ResumableCheckpoint", "SpotPreemption"]
+__all__ = [
+    "BudgetedEarlyStopping",
+    "CostTracker",
+    "DataStateCheckpoint",
+    "ResumableCheckpoint",
+    "SpotPreemption",
+    "WandbResume",
+]

@@ -13,6 +13,7 @@ from weakref import proxy
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
@@ -21,6 +22,7 @@ from lightning_scale import distributed
 from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
+from lightning_scale.callbacks.wandb_resume import WandbResume
 from lightning_scale.checkpoint.manifest import (
     PREVIOUS_SUFFIX,
     Manifest,
@@ -79,6 +81,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         save_last: Also maintain ``last.ckpt`` (``True``, or ``"link"`` for a symlink), as in ``ModelCheckpoint``.
         auto_resume: Resume from the newest valid checkpoint in ``dirpath`` when ``fit`` gets no ``ckpt_path``.
         data_state: Add a :class:`DataStateCheckpoint` to the Trainer when it has none.
+        wandb_resume: Add a :class:`WandbResume` to a Trainer with a ``WandbLogger`` when it has none, so a restarted
+            job continues the same W&B run.
         verbose: Log each save, as in ``ModelCheckpoint``.
 
     Example:
@@ -101,6 +105,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         save_last: bool | Literal["link"] | None = None,
         auto_resume: bool = True,
         data_state: bool = True,
+        wandb_resume: bool = True,
         verbose: bool = False,
     ) -> None:
         if every_n_minutes is not None and not every_n_minutes > 0:
@@ -131,6 +136,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.keep_last_k = keep_last_k
         self.auto_resume = auto_resume
         self.data_state = data_state
+        self.wandb_resume = wandb_resume
         self._run_id: str | None = None
         self._generation = 0
         self._resumed_at: tuple[int, int] | None = None
@@ -169,6 +175,9 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._generation, self._resumed_at = 0, None
         if self.data_state and not any(isinstance(cb, DataStateCheckpoint) for cb in trainer.callbacks):
             trainer.callbacks.append(DataStateCheckpoint())  # Lightning's setup loop reaches it next
+        wandb = any(isinstance(logger, WandbLogger) for logger in trainer.loggers)
+        if self.wandb_resume and wandb and not any(isinstance(cb, WandbResume) for cb in trainer.callbacks):
+            trainer.callbacks.append(WandbResume())
         if self.auto_resume:
             restore_from_when_unset(trainer, lambda: self._choose_resume_checkpoint(trainer))
 

@@ -26,10 +26,11 @@ from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
-from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
+from lightning_scale.callbacks import BudgetedEarlyStopping, CostTracker, ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import AWSSpotNotice, AzureScheduledEvents, GCPPreemptionNotice, SignalNotice
 from lightning_scale.strategies import DataParallelStrategy
+from lightning_scale.testing.step_clock import StepClock
 
 
 def _load(spec: str) -> Any:
@@ -134,6 +135,19 @@ class _Faults(Callback):
                 os.kill(os.getpid(), signal.Signals[fault["signal"]])
 
 
+def _cost_callbacks(config: dict[str, Any]) -> list[Callback]:
+    """``cost``: ``{"price_per_hour", "seconds_per_step", "restart_gap_seconds"}``; ``budget``: BudgetedEarlyStopping
+    arguments."""
+    if config.get("cost") is None:
+        return []
+    cost = config["cost"]
+    clock = StepClock(cost["seconds_per_step"], cost["restart_gap_seconds"])
+    callbacks: list[Callback] = [clock, CostTracker(price_per_hour=cost["price_per_hour"], clock=clock.now)]
+    if config.get("budget"):
+        callbacks.append(BudgetedEarlyStopping(**config["budget"]))
+    return callbacks
+
+
 def _wandb_logger(save_dir: str | None) -> WandbLogger | bool:
     return WandbLogger(save_dir=save_dir, offline=True, project="runner") if save_dir else False
 
@@ -161,7 +175,9 @@ def main(config_path: str) -> None:
         )
     else:
         checkpoint = ResumableCheckpoint(dirpath=config["ckpt_dir"], every_n_train_steps=every, keep_last_k=None)
-    callbacks: list[Callback] = [_Tracer(out_dir, config["trace_params"]), checkpoint]
+    callbacks: list[Callback] = [*_cost_callbacks(config), _Tracer(out_dir, config["trace_params"]), checkpoint]
+    if config.get("monitor"):
+        callbacks.append(ModelCheckpoint(dirpath=out_dir / "best", monitor=config["monitor"], save_top_k=1))
     if config["interrupt_at"] is not None:
         callbacks.append(_BlockAfterCheckpoint(config["interrupt_at"], config["ckpt_dir"], config["marker"], stock))
     if config.get("spot_preemption") is not None:
@@ -190,6 +206,11 @@ def main(config_path: str) -> None:
     trainer.fit(model, datamodule=datamodule, ckpt_path="last" if stock else None)
     weights = {name: tensor.detach().cpu() for name, tensor in trainer.lightning_module.state_dict().items()}
     torch.save(weights, out_dir / f"final_rank{trainer.global_rank}.pt")
+    for tracker in (cb for cb in trainer.callbacks if isinstance(cb, CostTracker)):
+        report = tracker.report(trainer.global_step).metrics()
+        (out_dir / f"cost_rank{trainer.global_rank}.json").write_text(json.dumps(report))
+    if isinstance(trainer.logger, WandbLogger) and trainer.is_global_zero:
+        trainer.logger.experiment.finish()  # Lightning never finishes the run; the run file is complete only then
     distributed.destroy_process_group()
 
 
