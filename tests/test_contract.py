@@ -7,7 +7,14 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch import Trainer, seed_everything
 
 from examples.char_transformer import CharDataModule, CharTransformer
-from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint, SpotPreemption
+from lightning_scale.callbacks import (
+    BudgetedEarlyStopping,
+    CostTracker,
+    DataStateCheckpoint,
+    ResumableCheckpoint,
+    SpotPreemption,
+    WandbResume,
+)
 
 SOURCES = (
     '[{"class_path": "lightning_scale.preemption.SignalNotice", "init_args": {"grace_seconds": 20}},'
@@ -17,17 +24,28 @@ CLI_ARGS = {
     ResumableCheckpoint: ["--cb.dirpath=DIR", "--cb.every_n_train_steps=2", "--cb.every_n_minutes=1.5"],
     DataStateCheckpoint: [],
     SpotPreemption: ["--cb.check_every_n_steps=2", f"--cb.sources={SOURCES}"],
+    CostTracker: ["--cb.provider=gcp", "--cb.instance_type=a2-highgpu-1g", "--cb.spot=true", "--cb.num_nodes=2"],
+    BudgetedEarlyStopping: ["--cb.monitor=val_loss", "--cb.max_cost_usd=12.5", "--cb.min_improvement_per_usd=0.01"],
+    WandbResume: [],
 }
 
 
 def build(cls, tmp_path):
-    return cls(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=2) if cls is ResumableCheckpoint else cls()
+    if cls is ResumableCheckpoint:
+        return cls(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=2)
+    if cls is CostTracker:
+        return cls(price_per_hour=2.5)
+    if cls is BudgetedEarlyStopping:
+        return cls(max_cost_usd=100.0)
+    return cls()
 
 
 def callbacks_for(callback, tmp_path):
-    """The callback, plus the ResumableCheckpoint that SpotPreemption requires."""
+    """The callback, plus what it requires: a ResumableCheckpoint for SpotPreemption, a CostTracker for budgets."""
     if isinstance(callback, SpotPreemption):
         return [callback, ResumableCheckpoint(dirpath=str(tmp_path / "ckpt-spot"))]
+    if isinstance(callback, BudgetedEarlyStopping):
+        return [callback, CostTracker(price_per_hour=1.0)]
     return [callback]
 
 
@@ -81,7 +99,11 @@ def test_importing_lightning_scale_registers_data_parallel(tiny_trainer_kwargs):
     assert isinstance(trainer.strategy, lightning_scale.DataParallelStrategy)
 
 
-@pytest.mark.parametrize("cls", [ResumableCheckpoint, SpotPreemption], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls",
+    [ResumableCheckpoint, SpotPreemption, CostTracker, BudgetedEarlyStopping, WandbResume],
+    ids=lambda c: c.__name__,
+)
 def test_state_of_an_unknown_version_is_refused_with_the_fix(cls, tmp_path):
     callback = build(cls, tmp_path)
     state = {**callback.state_dict(), "version": 2}

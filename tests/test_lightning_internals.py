@@ -26,6 +26,19 @@ def test_private_members_we_wrap_exist():
     assert hasattr(progress, "is_last_batch") and hasattr(progress.current, "ready")
 
 
+def test_wandb_logger_members_we_reopen_a_run_with_exist(tmp_path):
+    from lightning.pytorch.loggers import WandbLogger
+
+    logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="internals")
+    assert isinstance(logger._wandb_init, dict) and logger._experiment is None and logger._id is None
+    try:
+        internals.reopen_wandb_run(logger, "continued1")
+        assert logger.version == "continued1" and logger.experiment.id == "continued1"
+        assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1  # the fresh run's directory is removed
+    finally:
+        logger.experiment.finish()
+
+
 class RecordingLoader(StatefulDataLoader):
     events: list[str] = []
 
