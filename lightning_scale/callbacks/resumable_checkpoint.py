@@ -256,6 +256,11 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
 
+    def newest_valid_checkpoint(self) -> str | None:
+        """Path of the newest valid checkpoint in ``dirpath`` (``None``: none); call on every rank (rank 0 looks)."""
+        manifest, _ = self._on_storage(lambda: find_newest_valid(self.store), "Looking for a checkpoint")
+        return None if manifest is None else self.store.url(manifest.name)
+
     def save_now(self, trainer: pl.Trainer) -> str:
         """Save a checkpoint of the current step now, whatever the triggers say; call on every rank.
 

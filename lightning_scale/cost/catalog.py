@@ -75,10 +75,13 @@ class PriceCatalog:
         self.origin = origin
         self._rows: dict[tuple[str, str], InstancePrice] = {}
         for row in rows:
-            key = (row.provider, row.instance_type.lower())
-            if key in self._rows:
-                raise PriceCatalogError(f"{origin}: {row.provider} {row.instance_type} is listed twice.")
-            self._rows[key] = row
+            self._add(row, origin)
+
+    def _add(self, row: InstancePrice, where: str) -> None:
+        key = (row.provider, row.instance_type.lower())
+        if key in self._rows:
+            raise PriceCatalogError(f"{where}: {row.provider} {row.instance_type} is listed twice.")
+        self._rows[key] = row
 
     @classmethod
     def shipped(cls) -> PriceCatalog:
@@ -101,7 +104,11 @@ class PriceCatalog:
         missing = [column for column in COLUMNS if column not in (reader.fieldnames or [])]
         if missing:
             raise PriceCatalogError(f"{origin}: missing column(s) {missing}; a catalog needs {list(COLUMNS)}.")
-        return cls((_parse_row(row, f"{origin} line {reader.line_num}") for row in reader), origin=origin)
+        catalog = cls([], origin=origin)
+        for row in reader:
+            where = f"{origin} line {reader.line_num}"
+            catalog._add(_parse_row(row, where), where)
+        return catalog
 
     @property
     def providers(self) -> list[str]:
@@ -112,6 +119,7 @@ class PriceCatalog:
 
     def lookup(self, provider: str, instance_type: str) -> InstancePrice:
         """The row for ``instance_type`` of ``provider`` (case-insensitive); the error lists close matches."""
+        provider = provider.lower()
         if provider not in self.providers:
             raise PriceCatalogError(
                 f"provider={provider!r} is not in the price catalog {self.origin}; known providers: {self.providers}."
@@ -120,7 +128,8 @@ class PriceCatalog:
         if row is not None:
             return row
         known = self.instance_types(provider)
-        close = difflib.get_close_matches(instance_type, known, n=5, cutoff=0.5)
+        by_lower = {name.lower(): name for name in known}
+        close = [by_lower[name] for name in difflib.get_close_matches(instance_type.lower(), by_lower, n=5, cutoff=0.5)]
         hint = f"close matches: {close}" if close else f"known {provider} instance types: {known}"
         raise PriceCatalogError(
             f"instance_type={instance_type!r} is not in the price catalog {self.origin} for {provider}; {hint}. "
@@ -128,7 +137,11 @@ class PriceCatalog:
         )
 
 
-def _parse_row(row: dict[str, str], where: str) -> InstancePrice:
+def _parse_row(row: dict[str, str | None], where: str) -> InstancePrice:
+    missing = [column for column in COLUMNS if row.get(column) is None]
+    if missing:
+        raise PriceCatalogError(f"{where}: no value for {missing}; every row has the {len(COLUMNS)} columns.")
+    row = {key: str(value) for key, value in row.items() if key is not None}
     try:
         on_demand = float(row["on_demand_usd_per_hour"])
         spot = float(row["spot_usd_per_hour"]) if row["spot_usd_per_hour"].strip() else None
@@ -137,7 +150,7 @@ def _parse_row(row: dict[str, str], where: str) -> InstancePrice:
         date.fromisoformat(row["date"].strip())
     except (TypeError, ValueError) as err:
         raise PriceCatalogError(f"{where}: {err} (prices and sizes are numbers, date is YYYY-MM-DD).") from err
-    if on_demand < 0 or (spot is not None and spot < 0):
+    if not on_demand >= 0 or (spot is not None and not spot >= 0):  # NaN fails too
         raise PriceCatalogError(f"{where}: negative price for {row['instance_type']}; prices are USD per hour >= 0.")
     if not row["source"].strip():
         raise PriceCatalogError(f"{where}: {row['instance_type']} has no source; every price says where it is from.")

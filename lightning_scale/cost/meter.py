@@ -65,9 +65,9 @@ class CostMeter:
         max_restart_gap_seconds: float = 1800.0,
         rate_window_steps: int = 50,
     ) -> None:
-        if usd_per_hour < 0 or (on_demand_usd_per_hour is not None and on_demand_usd_per_hour < 0):
+        if not usd_per_hour >= 0 or (on_demand_usd_per_hour is not None and not on_demand_usd_per_hour >= 0):
             raise ValueError(f"Prices must be >= 0 USD per hour (got {usd_per_hour}, {on_demand_usd_per_hour}).")
-        if max_restart_gap_seconds < 0:
+        if not max_restart_gap_seconds >= 0:
             raise ValueError(f"max_restart_gap_seconds={max_restart_gap_seconds} must be >= 0.")
         self.usd_per_hour = usd_per_hour
         self.on_demand_usd_per_hour = on_demand_usd_per_hour
@@ -165,6 +165,8 @@ class CostMeter:
     def state_dict(self) -> dict[str, Any]:
         """The meter's totals now, with the time they were taken (the next attempt bills the gap from it)."""
         now = self.clock()
+        if self._resume_from is not None:  # loaded but not started: the gap since the loaded state is still owed
+            now = self._resume_from
         return {
             "seconds": self.seconds(now),
             "busy_seconds": self._busy_seconds,

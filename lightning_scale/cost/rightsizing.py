@@ -55,12 +55,13 @@ class RightSizingReport:
         """Plain-language advice; empty when the machine fits the job."""
         memory = "accelerator memory" if self.device_type == "cuda" else "memory (resident, per process)"
         advice = []
-        if self.memory_fraction < LOW_MEMORY_FRACTION:
+        known = self.capacity_bytes > 0  # no memory advice when the capacity is unknown
+        if known and self.memory_fraction < LOW_MEMORY_FRACTION:
             advice.append(
                 f"Peak {memory} is {self.memory_fraction:.0%} of capacity: the job fits a smaller instance (or fewer "
                 "or smaller accelerators); alternatively raise the batch size to use what you pay for."
             )
-        elif self.memory_fraction > HIGH_MEMORY_FRACTION:
+        elif known and self.memory_fraction > HIGH_MEMORY_FRACTION:
             advice.append(
                 f"Peak {memory} is {self.memory_fraction:.0%} of capacity: close to running out; bf16-mixed "
                 "precision, activation checkpointing or sharding (model_parallel) make room."
