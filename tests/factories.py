@@ -19,3 +19,22 @@ def data_workers2() -> CharDataModule:
 
 def data_workers2_no_worker_rng() -> CharDataModule:
     return CharDataModule(batch_size=8, num_workers=2, augment=True, worker_rng=False)
+
+
+class PoisonedTransformer(CharTransformer):
+    """Returns a NaN loss on ``rank`` at the training steps in ``steps`` (once each), as a diverging run would."""
+
+    def __init__(self, steps: tuple[int, ...], rank: int | None = None, factor: float = float("nan")) -> None:
+        super().__init__(vocab_size=64, dropout=0.1)
+        self.poison, self.poison_rank, self.factor = set(steps), rank, factor
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.global_step in self.poison and self.poison_rank in (None, self.global_rank):
+            self.poison.discard(self.global_step)
+            return loss * self.factor
+        return loss
+
+
+def model_nan_on_rank1_at_step_6() -> CharTransformer:
+    return PoisonedTransformer(steps=(6,), rank=1)

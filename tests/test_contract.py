@@ -11,6 +11,7 @@ from lightning_scale.callbacks import (
     BudgetedEarlyStopping,
     CostTracker,
     DataStateCheckpoint,
+    DivergenceRollback,
     ResumableCheckpoint,
     SpotPreemption,
     WandbResume,
@@ -27,6 +28,7 @@ CLI_ARGS = {
     CostTracker: ["--cb.provider=gcp", "--cb.instance_type=a2-highgpu-1g", "--cb.spot=true", "--cb.num_nodes=2"],
     BudgetedEarlyStopping: ["--cb.monitor=val_loss", "--cb.max_cost_usd=12.5", "--cb.min_improvement_per_usd=0.01"],
     WandbResume: [],
+    DivergenceRollback: ["--cb.spike_factor=8", "--cb.window=20", "--cb.max_rollbacks=1"],
 }
 
 
@@ -41,8 +43,8 @@ def build(cls, tmp_path):
 
 
 def callbacks_for(callback, tmp_path):
-    """The callback, plus what it requires: a ResumableCheckpoint for SpotPreemption, a CostTracker for budgets."""
-    if isinstance(callback, SpotPreemption):
+    """The callback, plus what it requires: a ResumableCheckpoint, or a CostTracker for budgets."""
+    if isinstance(callback, (SpotPreemption, DivergenceRollback)):
         return [callback, ResumableCheckpoint(dirpath=str(tmp_path / "ckpt-spot"))]
     if isinstance(callback, BudgetedEarlyStopping):
         return [callback, CostTracker(price_per_hour=1.0)]
@@ -101,7 +103,7 @@ def test_importing_lightning_scale_registers_data_parallel(tiny_trainer_kwargs):
 
 @pytest.mark.parametrize(
     "cls",
-    [ResumableCheckpoint, SpotPreemption, CostTracker, BudgetedEarlyStopping, WandbResume],
+    [ResumableCheckpoint, SpotPreemption, CostTracker, BudgetedEarlyStopping, WandbResume, DivergenceRollback],
     ids=lambda c: c.__name__,
 )
 def test_state_of_an_unknown_version_is_refused_with_the_fix(cls, tmp_path):

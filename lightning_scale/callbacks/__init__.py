@@ -3,6 +3,7 @@
 from lightning_scale.callbacks.budgeted_early_stopping import BudgetedEarlyStopping
 from lightning_scale.callbacks.cost_tracker import CostTracker
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
+from lightning_scale.callbacks.divergence_rollback import DivergenceRollback
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.callbacks.spot_preemption import SpotPreemption
 from lightning_scale.callbacks.wandb_resume import WandbResume
@@ -11,6 +12,7 @@ __all__ = [
     "BudgetedEarlyStopping",
     "CostTracker",
     "DataStateCheckpoint",
+    "DivergenceRollback",
     "ResumableCheckpoint",
     "SpotPreemption",
     "WandbResume",

@@ -26,7 +26,13 @@ from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
-from lightning_scale.callbacks import BudgetedEarlyStopping, CostTracker, ResumableCheckpoint, SpotPreemption
+from lightning_scale.callbacks import (
+    BudgetedEarlyStopping,
+    CostTracker,
+    DivergenceRollback,
+    ResumableCheckpoint,
+    SpotPreemption,
+)
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import AWSSpotNotice, AzureScheduledEvents, GCPPreemptionNotice, SignalNotice
 from lightning_scale.strategies import DataParallelStrategy
@@ -187,6 +193,8 @@ def main(config_path: str) -> None:
             if url := config["spot_preemption"].get(f"{kind}_base_url"):
                 sources.append(cls(base_url=url, poll_interval=0.05))
         callbacks.append(SpotPreemption(sources=sources))
+    if config.get("divergence_rollback") is not None:
+        callbacks.append(DivergenceRollback(**config["divergence_rollback"]))
     if config.get("faults"):
         callbacks.append(_Faults(config["faults"]))
 
