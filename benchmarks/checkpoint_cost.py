@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -20,12 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import lightning
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine_info, spread
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
@@ -68,17 +68,6 @@ def one_fit(variant: str, steps: int, every: int, d_model: int, workdir: Path) -
     return {"step_s": total / steps, "save_s": statistics.median(saves) if saves else 0.0, "ckpt_mb": size / 1e6}
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and steps (smoke test)")
@@ -96,7 +85,7 @@ def main() -> None:
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
 
-    table = {v: {k: summary([r[k] for r in results[v]]) for k in ("step_s", "save_s", "ckpt_mb")} for v in VARIANTS}
+    table = {v: {k: spread([r[k] for r in results[v]]) for k in ("step_s", "save_s", "ckpt_mb")} for v in VARIANTS}
     ratio = table["ours"]["save_s"]["median"] / table["stock"]["save_s"]["median"]
     print(f"checkpoint cost, {repeats} repeats, {steps} steps, a save every {every} steps, d_model={d_model}")
     print(f"{'variant':<8} {'ms/step':>22} {'ms blocked/save':>24} {'MB/ckpt':>8}")
@@ -111,13 +100,7 @@ def main() -> None:
     print(f"ours/stock blocked time per save: {ratio:.2f} (atomic rename, fsync, sha256 read-back, manifest)")
 
     out = Path(args.out)
-    machine = {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "lightning": lightning.__version__,
-    }
+    machine = machine_info()
     config = {"repeats": repeats, "steps": steps, "every": every, "d_model": d_model, "quick": args.quick}
     out.write_text(json.dumps({"machine": machine, "config": config, "table": table, "ours_over_stock_save": ratio}))
     print(f"wrote {out}")

@@ -15,7 +15,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -23,8 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import lightning
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine_info, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_VOTE_RATIO = 1.01
@@ -53,10 +53,6 @@ def run_job(variant: str, steps: int, d_model: int) -> dict[str, float]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and steps (smoke test)")
@@ -82,8 +78,7 @@ def main() -> None:
         f"  SIGTERM -> durable checkpoint ({notices[0]['ckpt_mb']:.0f} MB): {durable['median']:.2f} s "
         f"({durable['min']:.2f}-{durable['max']:.2f}), {len(notices)} runs"
     )
-    machine = {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-               "lightning": lightning.__version__}  # fmt: skip
+    machine = machine_info()
     result = {
         "machine": machine,
         "config": {"repeats": repeats, "steps": steps, "d_model": d_model, "quick": args.quick},

@@ -7,8 +7,10 @@ from lightning_scale.callbacks import (
     BudgetedEarlyStopping,
     CostTracker,
     DataStateCheckpoint,
+    DivergenceRollback,
     ResumableCheckpoint,
     SpotPreemption,
+    WandbResume,
 )
 from lightning_scale.data import WorkerRNGDataset
 from lightning_scale.strategies import DataParallelStrategy
@@ -20,8 +22,10 @@ __all__ = [
     "CostTracker",
     "DataParallelStrategy",
     "DataStateCheckpoint",
+    "DivergenceRollback",
     "ResumableCheckpoint",
     "SpotPreemption",
+    "WandbResume",
     "WorkerRNGDataset",
     "__version__",
 ]

@@ -36,3 +36,15 @@ def test_preemption_cost_benchmark_runs_quick_and_writes_json(tmp_path):
     )
     result = json.loads(out.read_text())
     assert set(result["step_s"]) == {"none", "vote"} and result["notice_to_durable_s"]["median"] > 0
+
+
+def test_cost_levers_benchmark_runs_quick_and_writes_json(tmp_path):
+    out = tmp_path / "result.json"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cost_levers.py"), "--quick", f"--out={out}"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    result = json.loads(out.read_text())
+    assert set(result["over_fp32"]) == {"fp32", "bf16-mixed", "small sample (10%)"} and result["machine"]["cpu"]

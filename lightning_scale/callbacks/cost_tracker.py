@@ -66,7 +66,7 @@ class CostTracker(Callback):
 
     Example:
         >>> from lightning.pytorch import Trainer
-        >>> tracker = CostTracker(provider="aws", instance_type="g5.xlarge", spot=True)
+        >>> tracker = CostTracker(provider="gcp", instance_type="g2-standard-4", spot=True)
         >>> trainer = Trainer(callbacks=[tracker], logger=False, enable_progress_bar=False)
     """
 
