@@ -1,6 +1,6 @@
 """The one place where lightning-scale touches private parts of Lightning.
 
-Lightning 2.6 offers no public hook for seven things exact resumption needs; each is wrapped here, and
+Lightning 2.6 offers no public hook for nine things exact resumption needs; each is wrapped here, and
 ``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
 
 1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
@@ -15,7 +15,11 @@ Lightning 2.6 offers no public hook for seven things exact resumption needs; eac
 6. replacing Lightning's SIGTERM handler (it runs a collective inside the handler) — done by installing ours after
    Lightning's, in ``on_train_start`` — and stopping dataloader worker processes before an emergency exit (Lightning's
    ``CombinedLoader.reset`` only stops torch's own multi-process iterator, not torchdata's);
-7. continuing a W&B run after a restart: ``WandbLogger`` opens its run before any callback runs (in the setup
+7. whether the Trainer sends this training step's metrics to its loggers (``log_every_n_steps`` counts batches
+   that stepped, a private counter), so metrics that cost something to compute are logged only then;
+8. restoring weights, optimizers, schedulers and precision state from a checkpoint in the middle of fit (a rollback):
+   the strategy's loaders are public, but the key of the precision plugin's state is Lightning's checkpoint layout;
+9. continuing a W&B run after a restart: ``WandbLogger`` opens its run before any callback runs (in the setup
    hook, before the checkpoint with the run's id is loaded), and offers no public way to open another one.
 """
 
@@ -46,9 +50,11 @@ __all__ = [
     "is_last_batch_of_epoch",
     "reopen_wandb_run",
     "restore_from_when_unset",
+    "restore_training_state",
     "shut_down_dataloader_workers",
     "track_loader_states_when_fetching_ahead",
     "train_loaders",
+    "trainer_logs_this_step",
     "unrepeatable_shuffle",
 ]
 
@@ -211,3 +217,21 @@ def reopen_wandb_run(logger: WandbLogger, run_id: str) -> None:
     logger._id = run_id
     logger._experiment = None
     _ = logger.experiment  # opens the continued run now, as Lightning's setup did for the fresh one
+
+
+def trainer_logs_this_step(trainer: pl.Trainer) -> bool:
+    """In ``on_train_batch_end``: whether the Trainer sends the metrics logged at this step to its loggers."""
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+def restore_training_state(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+    """Load weights, optimizers, LR schedulers and the precision plugin's state; loops and data positions stay."""
+    trainer.strategy.load_model_state_dict(checkpoint, strict=True)
+    trainer.strategy.load_optimizer_state_dict(checkpoint)
+    for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=True):
+        config.scheduler.load_state_dict(state)
+    precision_state = checkpoint.get(type(trainer.precision_plugin).__qualname__)  # as Lightning's dump names it
+    if precision_state is not None:
+        trainer.precision_plugin.load_state_dict(precision_state)
+    for optimizer in trainer.optimizers:
+        optimizer.zero_grad(set_to_none=True)

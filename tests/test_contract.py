@@ -111,3 +111,10 @@ def test_state_of_an_unknown_version_is_refused_with_the_fix(cls, tmp_path):
     state = {**callback.state_dict(), "version": 2}
     with pytest.raises(ValueError, match=r"version 2; this lightning-scale reads version 1\. Resume with"):
         callback.load_state_dict(state)
+
+
+@pytest.mark.parametrize("cls", [c for c in CLI_ARGS if hasattr(c, "METRIC_KEYS")], ids=lambda c: c.__name__)
+def test_every_logged_metric_key_is_listed_in_the_docstring(cls):
+    doc = " ".join(cls.__doc__.split()).replace("`` ``", "")
+    missing = [key for key in cls.METRIC_KEYS if f"``{key}``" not in doc]
+    assert not missing, f"{cls.__name__}'s docstring does not list {missing}"

@@ -26,6 +26,14 @@ def test_private_members_we_wrap_exist():
     assert hasattr(progress, "is_last_batch") and hasattr(progress.current, "ready")
 
 
+def test_logger_cadence_and_precision_state_key_we_rely_on_exist():
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    trainer = Trainer(logger=False, enable_progress_bar=False)
+    assert isinstance(internals.trainer_logs_this_step(trainer), bool)
+    assert "prec_plugin.__class__.__qualname__" in inspect.getsource(_CheckpointConnector.dump_checkpoint)
+
+
 def test_wandb_logger_members_we_reopen_a_run_with_exist(tmp_path):
     from lightning.pytorch.loggers import WandbLogger
 

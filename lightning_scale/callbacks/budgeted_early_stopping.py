@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
@@ -19,6 +20,8 @@ from lightning_scale.callbacks.cost_tracker import CostTracker
 __all__ = ["BudgetedEarlyStopping"]
 
 BudgetReason = Literal["max_cost_usd", "max_hours", "min_improvement_per_usd"]
+REASON_CODES: dict[str, int] = {"max_cost_usd": 1, "max_hours": 2, "min_improvement_per_usd": 3}
+T = TypeVar("T")
 
 
 class BudgetedEarlyStopping(EarlyStopping):
@@ -34,7 +37,8 @@ class BudgetedEarlyStopping(EarlyStopping):
     decision is a vote, so all ranks stop after the same step. The reason is printed, logged (``stopping_reason_
     message``; W&B summary ``early_stopping/reason``) and, with the evaluations seen, kept in the checkpoint, so a
     resumed run keeps its budget. Metrics logged when it stops (rank 0): ``early_stopping/stopped_step``,
-    ``early_stopping/usd_total``.
+    ``early_stopping/usd_total``, ``early_stopping/reason_code`` (1 ``max_cost_usd``, 2 ``max_hours``, 3
+    ``min_improvement_per_usd``). It stops once; Lightning honours the stop only after ``min_steps``/``min_epochs``.
 
     Args:
         monitor: Metric for patience and ``min_improvement_per_usd``; ``None`` for a budget only.
@@ -58,7 +62,7 @@ class BudgetedEarlyStopping(EarlyStopping):
         >>> trainer = Trainer(callbacks=[CostTracker(price_per_hour=3.0), stopper], logger=False)
     """
 
-    METRIC_KEYS = ("early_stopping/stopped_step", "early_stopping/usd_total")
+    METRIC_KEYS = ("early_stopping/stopped_step", "early_stopping/usd_total", "early_stopping/reason_code")
 
     def __init__(
         self,
@@ -107,6 +111,7 @@ class BudgetedEarlyStopping(EarlyStopping):
         self.evaluations: list[tuple[float, float]] = []
         """``(usd_total, monitor value)`` at each evaluation."""
         self._tracker: CostTracker | None = None
+        self._last_checked_step = -1
 
     @property
     @override
@@ -123,6 +128,12 @@ class BudgetedEarlyStopping(EarlyStopping):
                 "lightning_scale.callbacks.CostTracker(price_per_hour=...) (a price of 0 works for max_hours only)."
             )
         self._tracker = trackers[0] if trackers else None
+        self._last_checked_step = -1
+        if stage == "fit" and (trainer.min_steps or trainer.min_epochs) and (self.max_cost_usd or self.max_hours):
+            rank_zero_warn(
+                f"Trainer(min_steps={trainer.min_steps}, min_epochs={trainer.min_epochs}) keeps training past a "
+                "reached budget until that minimum: Lightning ignores a stop request before it."
+            )
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -132,7 +143,7 @@ class BudgetedEarlyStopping(EarlyStopping):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        check_state_version(state_dict, "BudgetedEarlyStopping")
+        check_state_version(state_dict, "BudgetedEarlyStopping", missing=None)
         super().load_state_dict(state_dict)
         self.evaluations = [tuple(item) for item in state_dict["evaluations"]]
         self.budget_reason = state_dict["budget_reason"]
@@ -141,47 +152,47 @@ class BudgetedEarlyStopping(EarlyStopping):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
-        if self._tracker is None or trainer.global_step % self.check_every_n_steps or self._should_skip_check(trainer):
+        step = trainer.global_step
+        if self._tracker is None or self.budget_reason is not None or _skipped(trainer):
             return
-        report = self._tracker.report(trainer.global_step)
-        reason: BudgetReason | None = None
+        if step == self._last_checked_step or step % self.check_every_n_steps:
+            return  # inside a gradient accumulation window, or not a checking step: same on every rank
+        self._last_checked_step = step
+        report = self._tracker.report(step)
+        local: tuple[BudgetReason, str] | None = None
         if self.max_cost_usd is not None and report.usd_total >= self.max_cost_usd:
-            reason = "max_cost_usd"
+            local = ("max_cost_usd", f"${report.usd_total:.4f} >= ${self.max_cost_usd}")
         elif self.max_hours is not None and report.hours >= self.max_hours:
-            reason = "max_hours"
-        if distributed.any_rank(reason is not None):
-            reason = reason or "max_cost_usd"  # another rank saw it first: the same limit, a hair later here
-            reached = (
-                f"${report.usd_total:.4f} >= ${self.max_cost_usd}"
-                if reason == "max_cost_usd"
-                else f"{report.hours:.3f} h >= {self.max_hours} h"
-            )
-            self._stop(trainer, reason, f"Budget reached ({reason}): {reached} after step {trainer.global_step}.")
+            local = ("max_hours", f"{report.hours:.3f} h >= {self.max_hours} h")
+        agreed = _first_on_any_rank(local)
+        if agreed is not None:
+            rank, (reason, reached) = agreed
+            where = f" on rank {rank}" if trainer.world_size > 1 else ""
+            self._stop(trainer, reason, f"Budget reached ({reason}){where}: {reached} after step {step}.")
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.monitor:
-            super().on_validation_end(trainer, pl_module)
-            if not self._check_on_train_epoch_end and not self._should_skip_check(trainer):
-                self._check_value_for_money(trainer)
+        if not self.monitor:
+            return
+        super().on_validation_end(trainer, pl_module)
+        if self._tracker is not None and self.budget_reason is None and not _skipped(trainer):
+            self._check_value_for_money(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.monitor:
             super().on_train_epoch_end(trainer, pl_module)
-            if self._check_on_train_epoch_end and not self._should_skip_check(trainer):
-                self._check_value_for_money(trainer)
 
     def _check_value_for_money(self, trainer: pl.Trainer) -> None:
+        assert self._tracker is not None
         value = trainer.callback_metrics.get(self.monitor)
-        if self._tracker is None or value is None or trainer.fast_dev_run:
-            return
-        self.evaluations.append((self._tracker.report(trainer.global_step).usd_total, float(value)))
-        message = self._low_value_message()
-        if distributed.any_rank(message is not None):
-            self._stop(
-                trainer, "min_improvement_per_usd", message or "Another rank saw too little improvement per USD."
-            )
+        message = None
+        if value is not None and not trainer.fast_dev_run:
+            self.evaluations.append((self._tracker.report(trainer.global_step).usd_total, float(value)))
+            message = self._low_value_message()
+        agreed = _first_on_any_rank(message)  # every rank votes, also one that lacks the metric
+        if agreed is not None:
+            self._stop(trainer, "min_improvement_per_usd", agreed[1])
 
     def _low_value_message(self) -> str | None:
         if self.min_improvement_per_usd is None or len(self.evaluations) <= self.window:
@@ -209,8 +220,23 @@ class BudgetedEarlyStopping(EarlyStopping):
         rank_zero_info(self.stopping_reason_message)
         if trainer.is_global_zero:
             usd = self._tracker.report(trainer.global_step).usd_total if self._tracker else float("nan")
-            metrics = {"early_stopping/stopped_step": float(trainer.global_step), "early_stopping/usd_total": usd}
+            metrics = {
+                "early_stopping/stopped_step": float(trainer.global_step),
+                "early_stopping/usd_total": usd,
+                "early_stopping/reason_code": float(REASON_CODES[reason]),
+            }
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
                 if isinstance(logger, WandbLogger):
                     logger.experiment.summary["early_stopping/reason"] = self.stopping_reason_message
+
+
+def _skipped(trainer: pl.Trainer) -> bool:
+    return trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking
+
+
+def _first_on_any_rank(local: T | None) -> tuple[int, T] | None:
+    """``(rank, value)`` of the lowest rank with a value, the same on every rank; ``None`` when no rank has one."""
+    if not distributed.any_rank(local is not None):
+        return None
+    return next((rank, value) for rank, value in enumerate(distributed.all_gather_object(local)) if value is not None)

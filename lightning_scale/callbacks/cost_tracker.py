@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed
+from lightning_scale._lightning_internals import trainer_logs_this_step
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.cost import CostMeter, CostReport, RightSizingReport, measure_peak_memory, resolve_pricing
 from lightning_scale.cost.wandb_report import log_cost_table, write_pricing_config, write_summary
@@ -35,11 +36,11 @@ class CostTracker(Callback):
     gap since that checkpoint (work lost plus restart time, counted as preemption waste). Time inside training
     steps is busy; the rest (data waits, checkpoint saves, validation, restarts) is idle.
 
-    Metrics go through ``LightningModule.log`` every ``log_every_n_steps`` training steps and at each validation end,
-    so every logger gets them in the same rows as the run's own metrics (``cost/usd_total`` can be the x-axis of any
-    chart), a checkpoint or early stopping can monitor them, and the progress bar shows the total. With a
-    ``WandbLogger`` (rank 0 only) the pricing assumptions go to the run config, the final figures to the summary,
-    and ``cost/table`` (price and metrics of every validation) with a line plot per checkpoint monitor.
+    Metrics go through ``LightningModule.log`` at the steps the Trainer logs (``log_every_n_steps``) and at each
+    validation end, so every logger gets them in the same rows as the run's own metrics (``cost/usd_total`` can be
+    the x-axis of any chart), a checkpoint or early stopping can monitor them, and the progress bar shows the total.
+    With a ``WandbLogger`` (rank 0 only) the pricing assumptions go to the run config, the final figures to the
+    summary, and ``cost/table`` (price and metrics of every validation) with a line plot per checkpoint monitor.
 
     Logged metrics: ``cost/usd_total``, ``cost/usd_per_hour``, ``cost/usd_per_step``, ``cost/usd_per_1k_samples``,
     ``cost/projected_usd`` (total at ``max_steps``/``max_epochs`` at the recent rate), ``cost/preemption_waste_usd``,
@@ -59,7 +60,6 @@ class CostTracker(Callback):
         num_nodes: Nodes billed (default: the Trainer's ``num_nodes``).
         max_restart_gap_minutes: Longest restart gap billed; a longer one (a job that waited in a queue, or was
             resumed by hand later) is billed up to this.
-        log_every_n_steps: Training steps between cost logs (default: the Trainer's ``log_every_n_steps``).
         progress_bar: Show ``cost/usd_total`` in the progress bar.
         rightsizing: Print and log the right-sizing report at the end of fit.
         clock: Wall-clock seconds (default ``time.time``), injectable for tests; must agree across processes.
@@ -86,7 +86,6 @@ class CostTracker(Callback):
         on_demand_price_per_hour: float | None = None,
         num_nodes: int | None = None,
         max_restart_gap_minutes: float = 30.0,
-        log_every_n_steps: int | None = None,
         progress_bar: bool = True,
         rightsizing: bool = True,
         clock: Callable[[], float] | None = None,
@@ -98,11 +97,8 @@ class CostTracker(Callback):
             raise ValueError(f"num_nodes={num_nodes} must be >= 1 (CostTracker(num_nodes=...)).")
         if not max_restart_gap_minutes >= 0:
             raise ValueError(f"max_restart_gap_minutes={max_restart_gap_minutes} must be >= 0.")
-        if log_every_n_steps is not None and log_every_n_steps < 1:
-            raise ValueError(f"log_every_n_steps={log_every_n_steps} must be >= 1 (CostTracker).")
         self.num_nodes = num_nodes
         self.max_restart_gap_minutes = max_restart_gap_minutes
-        self.log_every_n_steps = log_every_n_steps
         self.progress_bar = progress_bar
         self.rightsizing = rightsizing
         self.clock = clock
@@ -115,11 +111,21 @@ class CostTracker(Callback):
         self._total_steps: int | None = None
         self._last_logged_step = -1
         self._batch_size_warned = False
+        self._config_written = False
+        self._at_last_step = False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit" or (self.meter is not None and trainer.global_step > 0):
-            return  # a second fit on the same Trainer keeps counting
+        if stage != "fit":
+            return
+        if trainer.barebones:
+            raise ValueError("CostTracker logs through LightningModule.log, which Trainer(barebones=True) disables.")
+        self._config_written = False
+        if self.meter is None or trainer.global_step == 0:  # a second fit on the same Trainer keeps counting
+            self._new_meter(trainer)
+        self._meter().start()  # from setup on: model setup and the sanity check are paid time too
+
+    def _new_meter(self, trainer: pl.Trainer) -> None:
         nodes = self.num_nodes or trainer.num_nodes
         on_demand = self.pricing.node_on_demand_usd_per_hour
         kwargs: dict[str, Any] = {} if self.clock is None else {"clock": self.clock}
@@ -140,7 +146,7 @@ class CostTracker(Callback):
             return {}
         return {
             "version": STATE_VERSION,
-            "meter": self.meter.state_dict(),
+            "meter": self.meter.state_dict(final=self._at_last_step),
             "evaluations": list(self.evaluations),
             "best": dict(self.best),
         }
@@ -149,7 +155,7 @@ class CostTracker(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return  # saved before the tracker's setup (no fit yet)
-        check_state_version(state_dict, "CostTracker")
+        check_state_version(state_dict, "CostTracker", missing=None)
         self._pending_state = state_dict
         if self.meter is not None:
             self._load(state_dict)
@@ -164,18 +170,17 @@ class CostTracker(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         meter = self._meter()
-        gap = meter.start()
-        steps = trainer.estimated_stepping_batches
-        self._total_steps = int(steps) if math.isfinite(steps) else None
+        resuming = meter.resuming
+        gap = meter.start()  # after a restore: bills the gap since the checkpoint's state
+        steps = trainer.estimated_stepping_batches  # max_steps when set; -1 or inf when unknown
+        self._total_steps = int(steps) if math.isfinite(steps) and steps > 0 else None
         self._last_logged_step = trainer.global_step
-        if meter.last_gap_seconds is not None:
+        if resuming and meter.last_gap_seconds is not None:
             capped = "" if gap == meter.last_gap_seconds else f" (billed {gap:.0f} s: max_restart_gap_minutes)"
             rank_zero_info(
                 f"Cost so far ${meter.usd(meter.seconds()):.4f}, including a restart gap of "
                 f"{meter.last_gap_seconds:.1f} s{capped} billed as preemption waste."
             )
-        for run in self._wandb_runs(trainer):
-            write_pricing_config(run, self.pricing.describe(self._nodes))
 
     @override
     def on_train_batch_start(
@@ -188,8 +193,13 @@ class CostTracker(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
         self._meter().step_ended(trainer.global_step, self._batch_size(batch) * trainer.world_size)
+        self._at_last_step = self._total_steps is not None and trainer.global_step >= self._total_steps
+        if not self._config_written:  # every on_train_start ran: a continued W&B run is in place by now
+            self._config_written = True
+            for run in self._wandb_runs(trainer):
+                write_pricing_config(run, self.pricing.describe(self._nodes))
         step = trainer.global_step
-        if step != self._last_logged_step and step % (self.log_every_n_steps or trainer.log_every_n_steps) == 0:
+        if step != self._last_logged_step and trainer_logs_this_step(trainer):  # only then: logging is not free
             self._last_logged_step = step
             self._log(pl_module, self.report(step), on_step=True)
 

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed
+from lightning_scale._lightning_internals import restore_training_state
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 
@@ -87,13 +88,13 @@ class DivergenceRollback(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "rollbacks": self.rollbacks, "losses": list(self._losses)}
+        # the recent losses differ per rank and are not kept: the median window fills again after a resume
+        return {"version": STATE_VERSION, "rollbacks": self.rollbacks}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        check_state_version(state_dict, "DivergenceRollback")
+        check_state_version(state_dict, "DivergenceRollback", missing=None)
         self.rollbacks = state_dict["rollbacks"]
-        self._losses = deque(state_dict["losses"], maxlen=self.window)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -133,8 +134,11 @@ class DivergenceRollback(Callback):
             rank_zero_warn(f"Divergence at step {step} ({seen}) and no checkpoint to roll back to: stopping.")
             trainer.should_stop = True
             return
-        checkpoint = trainer.strategy.load_checkpoint(path)
-        _restore_training_state(trainer, checkpoint)
+        try:  # a read failing on one rank fails on all, instead of leaving the others in their next collective
+            checkpoint = distributed.on_every_rank(lambda: trainer.strategy.load_checkpoint(path))
+        except distributed.RankFailedError as err:
+            raise RuntimeError(f"Rolling back to {path} after a divergence at step {step} failed: {err}") from err
+        restore_training_state(trainer, checkpoint)
         self.rollbacks += 1
         stop = self.rollbacks > self.max_rollbacks
         rank_zero_warn(
@@ -161,16 +165,3 @@ def _loss_of(outputs: STEP_OUTPUT) -> float | None:
 
 def _badness(loss: float) -> float:
     return math.inf if not math.isfinite(loss) else loss
-
-
-def _restore_training_state(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
-    """Weights, optimizers, LR schedulers and the precision plugin's state; loops and data positions stay."""
-    trainer.strategy.load_model_state_dict(checkpoint, strict=True)
-    trainer.strategy.load_optimizer_state_dict(checkpoint)
-    for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=True):
-        config.scheduler.load_state_dict(state)
-    precision_state = checkpoint.get(type(trainer.precision_plugin).__qualname__)
-    if precision_state is not None:
-        trainer.precision_plugin.load_state_dict(precision_state)
-    for optimizer in trainer.optimizers:
-        optimizer.zero_grad(set_to_none=True)

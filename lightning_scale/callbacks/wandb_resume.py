@@ -45,7 +45,7 @@ class WandbResume(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        check_state_version(state_dict, "WandbResume")
+        check_state_version(state_dict, "WandbResume", missing=None)
         self._saved_id = state_dict["run_id"]
 
     @override

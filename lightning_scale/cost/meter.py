@@ -88,6 +88,11 @@ class CostMeter:
     def running(self) -> bool:
         return self._segment_start is not None
 
+    @property
+    def resuming(self) -> bool:
+        """A loaded state's restart gap is still to be billed by :meth:`start`."""
+        return self._resume_from is not None
+
     def start(self) -> float:
         """Start (or resume) billing now; returns the restart gap billed, in seconds (0.0 on a fresh start)."""
         now = self.clock()
@@ -162,8 +167,11 @@ class CostMeter:
             return usd_total + remaining * self.usd((last_seconds - first_seconds) / (last_step - first_step))
         return usd_total + remaining * usd_total / step
 
-    def state_dict(self) -> dict[str, Any]:
-        """The meter's totals now, with the time they were taken (the next attempt bills the gap from it)."""
+    def state_dict(self, final: bool = False) -> dict[str, Any]:
+        """The meter's totals now, with the time they were taken (the next attempt bills the gap from it).
+
+        ``final``: the run is at its last step, so resuming this state later continues a finished run (no gap).
+        """
         now = self.clock()
         if self._resume_from is not None:  # loaded but not started: the gap since the loaded state is still owed
             now = self._resume_from
@@ -173,15 +181,17 @@ class CostMeter:
             "waste_seconds": self._waste_seconds,
             "samples": self._samples,
             "saved_at": now,
+            "running": (self.running or self.resuming) and not final,  # after stop() or at the end: no gap owed
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved state; the next :meth:`start` bills the gap since it was saved."""
+        """Continue from a saved state; the next :meth:`start` bills the gap since it was saved, unless it was saved
+        after :meth:`stop` (a finished fit, whose later resumption is no restart)."""
         self._closed_seconds = float(state["seconds"])
         self._busy_seconds = float(state["busy_seconds"])
         self._waste_seconds = float(state["waste_seconds"])
         self._samples = int(state["samples"])
-        self._resume_from = float(state["saved_at"])
+        self._resume_from = float(state["saved_at"]) if state.get("running", True) else None
         self._segment_start = None
         self._step_start = None
         self._recent.clear()

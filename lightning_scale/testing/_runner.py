@@ -142,12 +142,14 @@ class _Faults(Callback):
 
 
 def _cost_callbacks(config: dict[str, Any]) -> list[Callback]:
-    """``cost``: ``{"price_per_hour", "seconds_per_step", "restart_gap_seconds"}``; ``budget``: BudgetedEarlyStopping
-    arguments."""
+    """``cost``: ``{"price_per_hour", "seconds_per_step", "restart_gap_seconds", "rank_stretch"}`` (rank r's
+    steps take ``1 + r * rank_stretch`` times as long); ``budget``:
+    BudgetedEarlyStopping arguments."""
     if config.get("cost") is None:
         return []
     cost = config["cost"]
-    clock = StepClock(cost["seconds_per_step"], cost["restart_gap_seconds"])
+    stretch = 1.0 + int(os.environ.get("RANK", "0")) * cost.get("rank_stretch", 0.0)  # ranks' clocks disagree
+    clock = StepClock(cost["seconds_per_step"] * stretch, cost["restart_gap_seconds"])
     callbacks: list[Callback] = [clock, CostTracker(price_per_hour=cost["price_per_hour"], clock=clock.now)]
     if config.get("budget"):
         callbacks.append(BudgetedEarlyStopping(**config["budget"]))

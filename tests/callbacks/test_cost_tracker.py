@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
 from examples.char_transformer import CharDataModule, CharTransformer
@@ -67,19 +67,66 @@ def test_projection_uses_max_steps_and_idle_time_counts_outside_steps(tmp_path, 
     assert report.projected_usd == 20.0  # at max_steps nothing remains
 
 
-def test_totals_continue_in_a_resumed_fit_with_the_gap_as_preemption_waste(tmp_path, tiny_trainer_kwargs):
+def test_projection_from_max_epochs_at_the_recent_rate(tmp_path, tiny_trainer_kwargs):
+    clock = StepClock(seconds_per_step=450.0)
+    tracker = CostTracker(price_per_hour=8.0, clock=clock.now)
+    seen = []
+
+    class Probe(StepClock):  # after the tracker: its report at step 10 of 2 epochs x 44 batches
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 10:
+                seen.append(tracker.report(10).projected_usd)
+
+    fit([clock, tracker, Probe(0.0)], tiny_trainer_kwargs, max_steps=-1, max_epochs=2, limit_train_batches=44)
+    assert seen == [88.0]  # 88 steps at 1 USD
+
+
+def test_a_finished_fit_resumed_to_train_longer_owes_no_restart_gap(tmp_path, tiny_trainer_kwargs):
     ckpt = str(tmp_path / "ckpt")
     clock = StepClock(seconds_per_step=450.0, restart_gap_seconds=900.0)
-    callbacks = [
-        clock,
-        CostTracker(price_per_hour=8.0, clock=clock.now),
-        ResumableCheckpoint(ckpt, every_n_train_steps=4),
-    ]
-    fit(callbacks, tiny_trainer_kwargs, max_steps=4)
-
+    checkpoint = ResumableCheckpoint(ckpt, every_n_train_steps=4, save_last=True)
+    fit([clock, CostTracker(8.0, clock=clock.now), checkpoint], tiny_trainer_kwargs, max_steps=4)
     clock = StepClock(seconds_per_step=450.0, restart_gap_seconds=900.0)
-    tracker = CostTracker(price_per_hour=8.0, clock=clock.now)
-    fit([clock, tracker, ResumableCheckpoint(ckpt, every_n_train_steps=4)], tiny_trainer_kwargs, max_steps=10)
+    tracker = CostTracker(8.0, clock=clock.now)
+    trainer = Trainer(max_steps=6, callbacks=[clock, tracker], **tiny_trainer_kwargs)
+    trainer.fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=BATCH), ckpt_path=f"{ckpt}/last.ckpt"
+    )
+    assert tracker.report(6).usd_total == 6.0 and tracker.report(6).preemption_waste_usd == 0.0
+
+
+def test_barebones_trainer_is_refused_with_the_reason(tiny_trainer_kwargs):
+    kwargs = {k: v for k, v in tiny_trainer_kwargs.items() if k not in ("enable_progress_bar", "enable_model_summary")}
+    trainer = Trainer(max_steps=1, barebones=True, callbacks=[CostTracker(1.0)], **kwargs)
+    with pytest.raises(ValueError, match="barebones=True"):
+        trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=BATCH))
+
+
+class Crash(Callback):
+    """Fails the fit at the start of a step, as a lost machine would (after the checkpoint of the previous step)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            raise RuntimeError("machine lost")
+
+
+def crash_then_resume(tmp_path, tiny_trainer_kwargs, at, max_steps, gap_seconds, **tracker_kwargs):
+    ckpt = str(tmp_path / "ckpt")
+    clock = StepClock(seconds_per_step=450.0)
+    crashed = [clock, CostTracker(8.0, clock=clock.now), ResumableCheckpoint(ckpt, every_n_train_steps=at), Crash(at)]
+    with pytest.raises(RuntimeError, match="machine lost"):
+        fit(crashed, tiny_trainer_kwargs, max_steps=max_steps)
+    clock = StepClock(seconds_per_step=450.0, restart_gap_seconds=gap_seconds)
+    tracker = CostTracker(8.0, clock=clock.now, **tracker_kwargs)
+    fit([clock, tracker, ResumableCheckpoint(ckpt, every_n_train_steps=at)], tiny_trainer_kwargs, max_steps=max_steps)
+    return tracker
+
+
+def test_totals_continue_in_a_resumed_fit_with_the_gap_as_preemption_waste(tmp_path, tiny_trainer_kwargs):
+    tracker = crash_then_resume(tmp_path, tiny_trainer_kwargs, at=4, max_steps=10, gap_seconds=900.0)
     report = tracker.report(10)
     assert report.usd_total == 12.0  # 10 steps + a 900 s gap at 1 USD per 450 s
     assert report.preemption_waste_usd == 2.0 and report.usd_per_step == 1.2
@@ -87,16 +134,8 @@ def test_totals_continue_in_a_resumed_fit_with_the_gap_as_preemption_waste(tmp_p
 
 
 def test_a_restart_gap_longer_than_the_limit_is_billed_up_to_it(tmp_path, tiny_trainer_kwargs):
-    ckpt = str(tmp_path / "ckpt")
-    clock = StepClock(seconds_per_step=450.0)
-    fit(
-        [clock, CostTracker(8.0, clock=clock.now), ResumableCheckpoint(ckpt, every_n_train_steps=2)],
-        tiny_trainer_kwargs,
-        2,
-    )
-    clock = StepClock(seconds_per_step=450.0, restart_gap_seconds=7 * 24 * 3600.0)  # resumed by hand a week later
-    tracker = CostTracker(8.0, clock=clock.now, max_restart_gap_minutes=15)
-    fit([clock, tracker, ResumableCheckpoint(ckpt, every_n_train_steps=2)], tiny_trainer_kwargs, 4)
+    week = 7 * 24 * 3600.0  # resumed by hand a week later
+    tracker = crash_then_resume(tmp_path, tiny_trainer_kwargs, 2, 4, week, max_restart_gap_minutes=15)
     assert tracker.report(4).usd_total == 4.0 + 8.0 * 0.25  # 4 steps + 15 min, not a week
 
 

@@ -65,6 +65,7 @@ def test_wandb_continues_one_run_across_a_preemption_restart_with_cost_summary_c
         "max_restarts": 1,
         "wandb_dir": str(wandb_dir),
         "monitor": "val_loss",
+        "strategy": "data_parallel",  # restart-safe process group under torchrun --max-restarts
         "trainer_kwargs": {"limit_val_batches": 2, "val_check_interval": 4},
     }
     job = _job(tmp_path / "job", config(12, **extra))
@@ -108,9 +109,12 @@ def test_wandb_continues_one_run_across_a_preemption_restart_with_cost_summary_c
 
 
 def test_budget_stops_both_ranks_at_the_same_step_and_logs_the_reason(tmp_path):
-    job = _job(tmp_path / "job", config(20, budget={"max_cost_usd": 5.0}))
+    # rank 1's clock runs 1.25 times as fast: it reaches 5 USD after step 4, rank 0 only after step 5
+    cost = {**COST, "rank_stretch": 0.25}
+    job = _job(tmp_path / "job", config(20, cost=cost, budget={"max_cost_usd": 5.0}))
     _attempt(job, 300, expect="finish")
     traces = _traces(tmp_path / "job", 2)
-    assert [len(traces[rank]) for rank in (0, 1)] == [5, 5]  # 5 USD at 1 USD per step: both ranks stop after step 5
-    assert "Budget reached (max_cost_usd): $5.0000 >= $5.0 after step 5" in (tmp_path / "job" / "log.txt").read_text()
-    assert final_cost(job)["cost/usd_total"] == 5.0
+    assert [len(traces[rank]) for rank in (0, 1)] == [4, 4]  # both ranks stop after the step rank 1 saw it at
+    log = (tmp_path / "job" / "log.txt").read_text()
+    assert "Budget reached (max_cost_usd) on rank 1: $5.0000 >= $5.0 after step 4. Stopping." in log
+    assert final_cost(job)["cost/usd_total"] == 4.0  # rank 0's own bill at the stop
