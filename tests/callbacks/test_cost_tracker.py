@@ -50,6 +50,13 @@ def test_every_documented_metric_is_logged_exactly_and_nothing_else(tmp_path, ti
     assert [float(row["cost/usd_total"]) for row in steps] == [2.0, 4.0]  # logged every 2 steps, as the Trainer logs
 
 
+def test_every_node_is_billed(tmp_path, tiny_trainer_kwargs):
+    clock = StepClock(seconds_per_step=450.0)
+    tracker = CostTracker(price_per_hour=8.0, num_nodes=3, clock=clock.now)
+    fit([clock, tracker], tiny_trainer_kwargs, max_steps=4)
+    assert tracker.report(4).usd_total == 8.0 * 0.5 * 3 == 12.0  # price x hours x nodes
+
+
 def test_projection_uses_max_steps_and_idle_time_counts_outside_steps(tmp_path, tiny_trainer_kwargs):
     now = [0.0]
 
