@@ -20,11 +20,15 @@ __all__ = [
     "RankFailedError",
     "all_gather_object",
     "all_ranks",
+    "all_reduce_mean_",
     "any_rank",
     "barrier",
     "broadcast_object",
+    "broadcast_tensor_",
     "destroy_process_group",
+    "device_mesh",
     "gather_object",
+    "global_rank_in",
     "init_process_group_per_attempt",
     "on_every_rank",
     "on_rank_zero",
@@ -90,12 +94,12 @@ def all_ranks(flag: bool) -> bool:
     return bool(vote.item())
 
 
-def all_gather_object(obj: T) -> list[T]:
-    """Every rank's ``obj``, indexed by rank, on every rank."""
-    if not _group_ready() or dist.get_world_size() == 1:
+def all_gather_object(obj: T, group: Any = None) -> list[T]:
+    """Every rank's ``obj``, indexed by rank in ``group`` (default: all ranks), on every rank of it."""
+    if not _group_ready() or dist.get_world_size(group) == 1:
         return [obj]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, obj, group=group)
     return gathered
 
 
@@ -115,6 +119,35 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def broadcast_tensor_(tensor: torch.Tensor, src: int, group: Any = None) -> torch.Tensor:
+    """Overwrite ``tensor`` on every rank of ``group`` with global rank ``src``'s values (in place)."""
+    if _group_ready() and dist.get_world_size(group) > 1:
+        dist.broadcast(tensor, src=src, group=group)
+    return tensor
+
+
+def all_reduce_mean_(tensors: list[torch.Tensor], group: Any = None) -> None:
+    """Average each tensor over the ranks of ``group``, in place."""
+    if not _group_ready() or dist.get_world_size(group) == 1:
+        return
+    size = dist.get_world_size(group)
+    for tensor in tensors:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        tensor.div_(size)
+
+
+def device_mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    """A ``DeviceMesh`` over all ranks (every rank must call this, in the same order)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+
+
+def global_rank_in(group: Any, group_rank: int) -> int:
+    """The global rank of ``group``'s member number ``group_rank``."""
+    return dist.get_global_rank(group, group_rank) if _group_ready() else group_rank
 
 
 def barrier() -> None:

@@ -1,0 +1,340 @@
+"""``pipeline_parallel``: torch.distributed.pipelining schedules behind Lightning's Trainer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
+from torch.distributed import pipelining
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_scale import distributed
+from lightning_scale.pipeline.split import LOOPED, V_SHAPE, StagePlan, plan_stages
+
+__all__ = ["PipelineParallelStrategy"]
+
+log = logging.getLogger(__name__)
+
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble"]
+# name: (torch class, stages per rank it needs by default, how stages map to ranks, several stages per rank)
+SCHEDULES: dict[str, tuple[type, int, str, bool]] = {
+    "gpipe": (pipelining.ScheduleGPipe, 1, LOOPED, False),
+    "1f1b": (pipelining.Schedule1F1B, 1, LOOPED, False),
+    "interleaved_1f1b": (pipelining.ScheduleInterleaved1F1B, 2, LOOPED, True),
+    "looped_bfs": (pipelining.ScheduleLoopedBFS, 2, LOOPED, True),
+    "interleaved_zero_bubble": (pipelining.ScheduleInterleavedZeroBubble, 2, LOOPED, True),
+    "zbv_zero_bubble": (pipelining.ScheduleZBVZeroBubble, 2, V_SHAPE, True),
+}
+
+
+class PipelineParallelStrategy(DDPStrategy):
+    """Pipeline parallelism with torch's own schedules, registered as ``pipeline_parallel``.
+
+    The LightningModule keeps its whole network, in order, in one ``nn.Sequential`` or ``nn.ModuleList`` (the
+    attribute named by ``module``, default ``model``) and adds two methods:
+
+    - ``pipeline_loss_fn(output, target) -> Tensor``: the loss of one microbatch, computed on the last stage;
+    - ``pipeline_split_batch(batch) -> (inputs, target)`` (optional; default: a batch ``(inputs, target)``).
+
+    Before the optimizers are built, the stack is split into ``pipeline_size x stages_per_rank`` stages balanced by
+    parameter count; each rank keeps only its blocks, under their original names, so ``configure_optimizers`` sees
+    the local parameters and checkpoints hold the unsplit model's keys. The strategy runs the schedule in place of
+    the module's ``training_step``/``validation_step``/``test_step`` (forward-only for evaluation) and logs
+    ``train_loss``, ``val_loss`` and ``test_loss``: the last stage's mean microbatch loss, broadcast to every rank,
+    so the progress bar, checkpoint monitors and early stopping agree. With ``world_size = pipeline_size x dp``,
+    ``dp`` pipeline replicas each read their own shard of the data and average gradients before each optimizer step.
+
+    Checkpoints gather every stage's weights, so the saved ``state_dict`` loads strictly into the unsplit module on
+    one device; the optimizer states are kept per pipeline rank and resume only with the same layout.
+
+    Args:
+        schedule: ``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``looped_bfs``, ``interleaved_zero_bubble`` or
+            ``zbv_zero_bubble``.
+        n_microbatches: Microbatches per batch; must divide the batch size.
+        stages_per_rank: Stages (virtual stages) per rank: 1 for ``gpipe``/``1f1b``, default 2 for the others.
+        pipeline_size: Ranks per pipeline (default: all); must divide the world size.
+        module: Attribute of the LightningModule holding the stack of blocks.
+        process_group_backend: ``gloo`` or ``nccl`` (default: by device).
+        timeout: Timeout of collectives and point-to-point transfers.
+
+    Example:
+        >>> import lightning_scale  # registers the strategy
+        >>> strategy = PipelineParallelStrategy(schedule="1f1b", n_microbatches=8)
+    """
+
+    strategy_name = "pipeline_parallel"
+
+    def __init__(
+        self,
+        schedule: Schedule = "1f1b",
+        n_microbatches: int = 4,
+        stages_per_rank: int | None = None,
+        pipeline_size: int | None = None,
+        module: str = "model",
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r} is not one of {sorted(SCHEDULES)} (--trainer.strategy.schedule).")
+        _, default_stages, _, multi = SCHEDULES[schedule]
+        stages_per_rank = default_stages if stages_per_rank is None else stages_per_rank
+        if n_microbatches < 1:
+            raise ValueError(f"n_microbatches={n_microbatches} must be >= 1 (--trainer.strategy.n_microbatches).")
+        if stages_per_rank < 1 or (not multi and stages_per_rank != 1):
+            raise ValueError(
+                f"stages_per_rank={stages_per_rank} does not fit schedule={schedule!r}: gpipe and 1f1b run one stage "
+                "per rank; use interleaved_1f1b (or another looped schedule) for virtual stages."
+            )
+        if schedule == "zbv_zero_bubble" and stages_per_rank != 2:
+            raise ValueError(f"zbv_zero_bubble runs exactly 2 stages per rank (got stages_per_rank={stages_per_rank}).")
+        if pipeline_size is not None and pipeline_size < 1:
+            raise ValueError(f"pipeline_size={pipeline_size} must be >= 1 (--trainer.strategy.pipeline_size).")
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        super().__init__(process_group_backend=process_group_backend, **kwargs)
+        self.schedule = schedule
+        self.n_microbatches = n_microbatches
+        self.stages_per_rank = stages_per_rank
+        self.pipeline_size = pipeline_size
+        self.module = module
+        self._plan: StagePlan | None = None
+        self._mesh: Any = None
+        self._schedules: dict[tuple[str, int], Any] = {}
+        self._pending_grads: list[Tensor | None] | None = None
+
+    # ----------------------------------------------------------------------------------------------- layout
+
+    @property
+    def _pp(self) -> int:
+        return self.pipeline_size or self.world_size
+
+    @property
+    def _dp(self) -> int:
+        return self.world_size // self._pp
+
+    @property
+    def _pp_rank(self) -> int:
+        return self.global_rank % self._pp  # the (dp, pp) mesh is row major
+
+    @property
+    def _dp_rank(self) -> int:
+        return self.global_rank // self._pp
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        # every stage of one pipeline must see the same batches; pipeline replicas read different shards
+        return {"num_replicas": self._dp, "rank": self._dp_rank}
+
+    @override
+    def setup_distributed(self) -> None:
+        self.set_world_ranks()
+        distributed.init_process_group_per_attempt(
+            self._get_process_group_backend(), self.global_rank, self.world_size, self._timeout
+        )
+        super().setup_distributed()
+        if self.world_size % self._pp:
+            raise ValueError(
+                f"pipeline_size={self._pp} does not divide the world size {self.world_size}; choose a divisor "
+                "(--trainer.strategy.pipeline_size), the rest becomes data parallel replicas."
+            )
+        self._mesh = distributed.device_mesh(self.root_device.type, (self._dp, self._pp), ("dp", "pp"))
+
+    # ------------------------------------------------------------------------------------------------ setup
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.accelerator is not None
+        self.accelerator.setup(trainer)
+        if self._plan is None:
+            self._split(trainer.lightning_module)  # before the optimizers see the parameters
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+
+    def _split(self, pl_module: pl.LightningModule) -> None:
+        stack = getattr(pl_module, self.module, None)
+        if stack is None:
+            raise ValueError(
+                f"{type(pl_module).__name__} has no attribute {self.module!r} holding the stack of blocks to split; "
+                "set PipelineParallelStrategy(module=...) (--trainer.strategy.module) to its name."
+            )
+        if not callable(getattr(pl_module, "pipeline_loss_fn", None)):
+            raise ValueError(
+                f"{type(pl_module).__name__} needs pipeline_loss_fn(output, target) -> Tensor: the loss of one "
+                "microbatch, computed on the last pipeline stage."
+            )
+        _, _, style, _ = SCHEDULES[self.schedule]
+        self._plan = plan_stages(stack, self._pp * self.stages_per_rank, self._pp, style)
+        self._stage_modules = {
+            stage: self._plan.stage_module(stack, stage) for stage in self._plan.local_stages(self._pp_rank)
+        }
+        setattr(pl_module, self.module, self._plan.local_stack(stack, self._pp_rank))
+        shown = ", ".join(f"stage {s}: blocks {self._plan.bounds[s]}" for s in self._stage_modules)
+        log.info(f"pipeline rank {self._pp_rank} of {self._pp} (replica {self._dp_rank} of {self._dp}): {shown}")
+
+    def _schedule_for(self, mode: str, batch_size: int) -> Any:
+        """One schedule (with its own stages) per mode and batch size: stages fix their shapes on first use."""
+        key = (mode, batch_size)
+        if key not in self._schedules:
+            assert self._plan is not None
+            cls, _, _, multi = SCHEDULES[self.schedule]
+            group = self._mesh.get_group("pp")
+            stages = [
+                pipelining.PipelineStage(module, stage, len(self._plan.bounds), self.root_device, group=group)
+                for stage, module in self._stage_modules.items()
+            ]
+            loss_fn = self.lightning_module.pipeline_loss_fn
+            self._schedules[key] = cls(stages if multi else stages[0], self.n_microbatches, loss_fn=loss_fn)
+        return self._schedules[key]
+
+    # ------------------------------------------------------------------------------------------------ steps
+
+    def _run(self, mode: str, batch: Any) -> Tensor:
+        """Run ``batch`` through the pipeline; the mean microbatch loss, the same on every rank of the pipeline."""
+        inputs, target = self._split_batch(batch)
+        size = inputs[0].shape[0]
+        if size % self.n_microbatches:
+            divisors = [d for d in range(2, min(size, 64) + 1) if size % d == 0][:4]
+            raise ValueError(
+                f"n_microbatches={self.n_microbatches} does not divide the batch size {size}; choose a divisor such "
+                f"as {divisors} (--trainer.strategy.n_microbatches), or a batch size that it divides."
+            )
+        assert self._plan is not None
+        local = self._plan.local_stages(self._pp_rank)
+        first, last = 0 in local, len(self._plan.bounds) - 1 in local
+        losses: list[Tensor] = []
+        args = inputs if first else ()
+        kwargs: dict[str, Any] = {"target": target if last else None, "losses": losses if last else None}
+        schedule = self._schedule_for(mode, size)
+        if mode == "train":
+            schedule.step(*args, **kwargs)
+        else:
+            schedule.eval(*args, **kwargs)
+        loss = torch.stack(losses).mean().detach().float() if last else torch.zeros((), device=self.root_device)
+        group = self._mesh.get_group("pp")
+        holder = distributed.global_rank_in(group, self._plan.ranks[-1])  # the rank running the last stage
+        return distributed.broadcast_tensor_(loss, holder, group=group)
+
+    def _split_batch(self, batch: Any) -> tuple[tuple[Tensor, ...], Tensor]:
+        split: Callable[[Any], Any] | None = getattr(self.lightning_module, "pipeline_split_batch", None)
+        if split is not None:
+            inputs, target = split(batch)
+        elif isinstance(batch, (tuple, list)) and len(batch) == 2:
+            inputs, target = batch
+        else:
+            raise ValueError(
+                f"pipeline_parallel cannot tell inputs from target in a batch of type {type(batch).__name__}; define "
+                "pipeline_split_batch(batch) -> (inputs, target) on the LightningModule."
+            )
+        return (inputs if isinstance(inputs, tuple) else (inputs,)), target
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Tensor:
+        params = list(self.lightning_module.parameters())
+        earlier = [p.grad for p in params]  # gradients accumulated so far stay out of this step's backward
+        for p in params:
+            p.grad = None
+        with self.precision_plugin.train_step_context():
+            loss = self._run("train", args[0])
+        # The schedule ran backward already; Lightning's closure zeroes gradients between training_step and
+        # backward, so this step's gradients wait outside the parameters until backward() puts them back.
+        self._pending_grads = [p.grad for p in params]
+        for p, grad in zip(params, earlier, strict=True):
+            p.grad = grad
+        self.lightning_module.log("train_loss", loss, prog_bar=True, batch_size=_batch_size(args[0], self))
+        return loss.requires_grad_(True)
+
+    @override
+    def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
+        module = self.lightning_module
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, module)  # on_before_backward hooks
+        scale = 1.0 / module.trainer.accumulate_grad_batches  # as Lightning scales a loss before backward
+        for p, grad in zip(module.parameters(), self._pending_grads or [], strict=True):
+            if grad is not None:
+                p.grad = grad * scale if p.grad is None else p.grad + grad * scale
+        self._pending_grads = None
+        return self.precision_plugin.post_backward(closure_loss, module)  # on_after_backward hooks
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+        def closure_then_average() -> Any:
+            result = closure()
+            if self._dp > 1:  # pipeline replicas average their gradients, as DDP would
+                grads = [p.grad for p in self.lightning_module.parameters() if p.grad is not None]
+                distributed.all_reduce_mean_(grads, group=self._mesh.get_group("dp"))
+            return result
+
+        return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Tensor:
+        with self.precision_plugin.val_step_context():
+            loss = self._run("eval", args[0])
+        self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=_batch_size(args[0], self))
+        return loss
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Tensor:
+        with self.precision_plugin.test_step_context():
+            loss = self._run("eval", args[0])
+        self.lightning_module.log("test_loss", loss, batch_size=_batch_size(args[0], self))
+        return loss
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "pipeline_parallel does not predict yet: load the checkpoint's state_dict (the unsplit module's) and "
+            "predict on one device."
+        )
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        parts = distributed.all_gather_object(self.lightning_module.state_dict(), group=self._mesh.get_group("pp"))
+        merged: dict[str, Any] = {}
+        for part in parts:
+            merged.update(part)
+        return merged  # the unsplit model's state dict
+
+    @override
+    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
+        local = self.lightning_module.state_dict()
+        missing = [key for key in local if key not in checkpoint["state_dict"]]
+        if strict and missing:
+            raise KeyError(f"The checkpoint lacks {missing[:5]} of this pipeline stage; was it written by this model?")
+        state = {key: value for key, value in checkpoint["state_dict"].items() if key in local}
+        self.lightning_module.load_state_dict(state, strict=strict)
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        local = super().optimizer_state(optimizer)
+        return {"pipeline_ranks": distributed.all_gather_object(local, group=self._mesh.get_group("pp"))}
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        states = [state["pipeline_ranks"] for state in checkpoint["optimizer_states"]]
+        if any(len(ranks) != self._pp for ranks in states):
+            raise ValueError(
+                f"The checkpoint's optimizer states come from {len(states[0])} pipeline ranks, this run has "
+                f"{self._pp}; resume with the same pipeline_size, or load only the weights (the unsplit state_dict)."
+            )
+        own = {**checkpoint, "optimizer_states": [ranks[self._pp_rank] for ranks in states]}
+        super().load_optimizer_state_dict(own)
+
+
+def _batch_size(batch: Any, strategy: PipelineParallelStrategy) -> int:
+    inputs, _ = strategy._split_batch(batch)
+    return int(inputs[0].shape[0])

@@ -1,0 +1,67 @@
+"""One training run of StackModel (single process or under torchrun), writing losses and the final full weights.
+
+python -m tests.pipeline.job CONFIG.json     (config: out, steps, strategy kwargs or null, model kwargs, ...)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from lightning_scale import distributed
+from lightning_scale.strategies import PipelineParallelStrategy
+from tests.pipeline.stack_model import StackModel, loader
+
+
+class Losses(Callback):
+    def __init__(self) -> None:
+        self.train: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.train.append(float(loss))
+
+
+def main(config_path: str) -> None:
+    config = json.loads(Path(config_path).read_text())
+    out = Path(config["out"])
+    pl.seed_everything(0, verbose=False)
+    model = StackModel(**config.get("model", {}))
+    losses = Losses()
+    pipeline = config.get("pipeline")
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=config.get("devices", 1),
+        strategy=PipelineParallelStrategy(**pipeline) if pipeline is not None else "auto",
+        max_steps=config["steps"],
+        callbacks=[losses],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=config.get("limit_val_batches", 0),
+        val_check_interval=config.get("val_check_interval"),
+        accumulate_grad_batches=config.get("accumulate_grad_batches", 1),
+        gradient_clip_val=config.get("gradient_clip_val"),
+        use_distributed_sampler=config.get("use_distributed_sampler", True),
+    )
+    batch_size = config.get("batch_size", 16)
+    val = loader(batch_size, drop_last=False, n=40) if config.get("limit_val_batches") else None
+    trainer.fit(model, train_dataloaders=loader(batch_size, drop_last=config.get("drop_last", True)),
+                val_dataloaders=val)  # fmt: skip
+    weights = trainer.strategy.lightning_module_state_dict()
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if trainer.global_rank == 0:
+        torch.save(weights, out / "weights.pt")
+        (out / "result.json").write_text(json.dumps({"train": losses.train, "metrics": metrics}))
+    distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,57 @@
+"""A LightningModule whose whole network is one nn.Sequential: the pipeline contract in a few lines."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+IN, OUT = 8, 4
+
+
+class StackModel(LightningModule):
+    def __init__(self, width: int = 32, depth: int = 6, dropout: float = 0.0, lr: float = 0.05, adam: bool = False):
+        super().__init__()
+        self.save_hyperparameters()
+        blocks: list[nn.Module] = [nn.Linear(IN, width)]
+        for _ in range(depth):
+            blocks += [nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Dropout(dropout))]
+        self.model = nn.Sequential(*blocks, nn.Linear(width, OUT))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def pipeline_loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, target)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = self.pipeline_loss_fn(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", self.pipeline_loss_fn(self(x), y))
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_loss", self.pipeline_loss_fn(self(x), y))
+
+    def configure_optimizers(self):
+        if self.hparams.adam:
+            return torch.optim.Adam(self.parameters(), lr=self.hparams.lr / 10)
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+def dataset(n: int = 256, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, IN, generator=generator)
+    y = (x[:, :OUT].argmax(dim=1) + (x[:, -1] > 1).long()) % OUT
+    return TensorDataset(x, y)
+
+
+def loader(batch_size: int = 16, drop_last: bool = True, n: int = 256) -> DataLoader:
+    return DataLoader(dataset(n), batch_size=batch_size, shuffle=False, drop_last=drop_last)
