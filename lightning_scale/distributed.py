@@ -21,6 +21,7 @@ __all__ = [
     "all_gather_object",
     "all_ranks",
     "all_reduce_mean_",
+    "all_reduce_sum_",
     "any_rank",
     "barrier",
     "broadcast_object",
@@ -125,6 +126,13 @@ def broadcast_tensor_(tensor: torch.Tensor, src: int, group: Any = None) -> torc
     """Overwrite ``tensor`` on every rank of ``group`` with global rank ``src``'s values (in place)."""
     if _group_ready() and dist.get_world_size(group) > 1:
         dist.broadcast(tensor, src=src, group=group)
+    return tensor
+
+
+def all_reduce_sum_(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Sum ``tensor`` over the ranks of ``group``, in place; returns it."""
+    if _group_ready() and dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor
 
 

@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_scale import distributed
+from lightning_scale.pipeline.clipping import clip_grad_norm_across_
 from lightning_scale.pipeline.split import LOOPED, V_SHAPE, StagePlan, plan_stages
 
 __all__ = ["PipelineParallelStrategy"]
@@ -52,6 +53,7 @@ class PipelineParallelStrategy(DDPStrategy):
     so the progress bar, checkpoint monitors and early stopping agree. With ``world_size = pipeline_size x dp``,
     ``dp`` pipeline replicas each read their own shard of the data and average gradients before each optimizer step.
 
+    Gradient clipping by norm (``Trainer(gradient_clip_val=...)``) uses the norm over all stages' gradients.
     Checkpoints gather every stage's weights, so the saved ``state_dict`` loads strictly into the unsplit module on
     one device; the optimizer states are kept per pipeline rank and resume only with the same layout.
 
@@ -162,6 +164,13 @@ class PipelineParallelStrategy(DDPStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
+        # Lightning clips through the precision plugin with each rank's own norm; the norm must span all stages
+        self.precision_plugin.clip_grad_by_norm = self._clip_grad_by_norm  # type: ignore[method-assign]
+
+    def _clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
+        group = self._mesh.get_group("pp")
+        parameters = self.precision_plugin.main_params(optimizer)
+        clip_grad_norm_across_(parameters, clip_val, lambda t: distributed.all_reduce_sum_(t, group=group))
 
     def _split(self, pl_module: pl.LightningModule) -> None:
         stack = getattr(pl_module, self.module, None)

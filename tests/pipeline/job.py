@@ -53,8 +53,8 @@ def main(config_path: str) -> None:
     )
     batch_size = config.get("batch_size", 16)
     val = loader(batch_size, drop_last=False, n=40) if config.get("limit_val_batches") else None
-    trainer.fit(model, train_dataloaders=loader(batch_size, drop_last=config.get("drop_last", True)),
-                val_dataloaders=val)  # fmt: skip
+    train = loader(batch_size, drop_last=config.get("drop_last", True), n=config.get("n", 256))
+    trainer.fit(model, train_dataloaders=train, val_dataloaders=val)
     weights = trainer.strategy.lightning_module_state_dict()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if trainer.global_rank == 0:
