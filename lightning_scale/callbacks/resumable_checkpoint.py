@@ -6,12 +6,13 @@ import logging
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal, TypeVar
 from weakref import proxy
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -281,7 +282,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers data state
         what = f"Saving checkpoint {name}"
         self._on_storage(lambda: trainer.strategy.save_checkpoint(checkpoint, self.store.url(temporary)), what, True)
-        self._on_storage(lambda: self._publish(trainer, temporary, name), what)
+        shapes = _tensor_shapes(checkpoint["state_dict"])  # the saved model's (a pipeline's gathered stages)
+        self._on_storage(lambda: self._publish(trainer, temporary, name, shapes), what)
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         self._last_save_time = self._clock()
@@ -290,7 +292,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
 
-    def _publish(self, trainer: pl.Trainer, temporary: str, name: str) -> None:
+    def _publish(self, trainer: pl.Trainer, temporary: str, name: str, shapes: dict[str, list[int]]) -> None:
         publish_checkpoint(
             self.store,
             temporary,
@@ -300,7 +302,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             run_id=str(self._run_id),
             generation=self._generation,
             world_size=trainer.world_size,
-            tensor_shapes=_tensor_shapes(trainer.lightning_module),
+            tensor_shapes=shapes,
         )
         try:
             self._apply_retention()
@@ -373,14 +375,14 @@ def _newer_checkpoints(store: CheckpointStore, position: tuple[int, int]) -> tup
     return newer, max((m.generation for m in manifests), default=0)
 
 
-def _tensor_shapes(module: pl.LightningModule) -> dict[str, list[int]]:
-    return {name: list(tensor.shape) for name, tensor in module.state_dict().items()}
+def _tensor_shapes(state_dict: Mapping[str, Any]) -> dict[str, list[int]]:
+    return {name: list(tensor.shape) for name, tensor in state_dict.items() if isinstance(tensor, torch.Tensor)}
 
 
 def _check_same_model(manifest: Manifest, module: pl.LightningModule, path: str) -> None:
     if not manifest.tensor_shapes:
         return
-    current = _tensor_shapes(module)
+    current = _tensor_shapes(module.state_dict())
     saved = manifest.tensor_shapes
     problems = [f"missing {k!r}" for k in sorted(saved.keys() - current.keys())]
     problems += [f"unexpected {k!r}" for k in sorted(current.keys() - saved.keys())]

@@ -14,8 +14,23 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_scale import distributed
+from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.strategies import PipelineParallelStrategy
 from tests.pipeline.stack_model import StackModel, loader
+
+
+class CrashOnce(Callback):
+    """Fails a fresh (not resumed) fit at the start of step ``step``, as a lost machine would."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.resumed = step, False
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.resumed = trainer.global_step > 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if not self.resumed and trainer.global_step == self.step:
+            raise RuntimeError("machine lost")
 
 
 class Losses(Callback):
@@ -33,15 +48,22 @@ def main(config_path: str) -> None:
     pl.seed_everything(0, verbose=False)
     model = StackModel(**config.get("model", {}))
     losses = Losses()
+    callbacks: list[Callback] = [losses]
+    if "checkpoint_every" in config:
+        callbacks.append(
+            ResumableCheckpoint(str(out.parent / "checkpoints"), every_n_train_steps=config["checkpoint_every"])
+        )
+    if "crash_at" in config:
+        callbacks.append(CrashOnce(config["crash_at"]))
     pipeline = config.get("pipeline")
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=config.get("devices", 1),
         strategy=PipelineParallelStrategy(**pipeline) if pipeline is not None else "auto",
         max_steps=config["steps"],
-        callbacks=[losses],
+        callbacks=callbacks,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing="checkpoint_every" in config,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,

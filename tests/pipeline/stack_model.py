@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningDataModule, LightningModule
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 IN, OUT = 8, 4
 
@@ -53,5 +54,19 @@ def dataset(n: int = 256, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-def loader(batch_size: int = 16, drop_last: bool = True, n: int = 256) -> DataLoader:
-    return DataLoader(dataset(n), batch_size=batch_size, shuffle=False, drop_last=drop_last)
+def loader(batch_size: int = 16, drop_last: bool = True, n: int = 256) -> StatefulDataLoader:
+    return StatefulDataLoader(dataset(n), batch_size=batch_size, shuffle=False, drop_last=drop_last)
+
+
+class StackData(LightningDataModule):
+    """The same data as :func:`loader`, as a DataModule for the CLI."""
+
+    def __init__(self, batch_size: int = 16) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        return loader(self.batch_size)
+
+    def val_dataloader(self) -> StatefulDataLoader:
+        return loader(self.batch_size, n=48)

@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.pipeline.stack_model import StackModel, loader
+
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 
 
-def run_job(tmp_path: Path, name: str, devices: int = 1, **config) -> dict:
+def run_job(tmp_path: Path, name: str, devices: int = 1, expect_failure: bool = False, **config) -> dict:
     out = tmp_path / name
-    out.mkdir()
+    out.mkdir(parents=True, exist_ok=True)
     # the same batches in the same order as one process: no sampler injected (one pipeline replica reads it all)
     config = {"out": str(out), "steps": STEPS, "devices": devices, "use_distributed_sampler": False, **config}
     (out / "config.json").write_text(json.dumps(config))
@@ -28,6 +30,9 @@ def run_job(tmp_path: Path, name: str, devices: int = 1, **config) -> dict:
         runner = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}", *runner]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, *runner], env=env, capture_output=True, text=True, timeout=240)
+    if expect_failure:
+        assert done.returncode != 0
+        return {"log": done.stdout + done.stderr}
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
     result["weights"] = torch.load(out / "weights.pt", weights_only=True)
@@ -98,3 +103,35 @@ def test_dropout_is_applied_and_reproducible(tmp_path, reference):
     second = run_job(tmp_path, "second", devices=2, pipeline=pipeline, model={"dropout": 0.2})
     assert first["train"] == second["train"]  # the same seed, the same masks
     assert first["train"][1:] != reference["train"][1:]  # dropout changed the training
+
+
+def test_a_pipeline_size_that_does_not_divide_the_world_is_refused_before_training(tmp_path):
+    result = run_job(tmp_path, "bad", devices=2, expect_failure=True, pipeline={"pipeline_size": 3})
+    assert "pipeline_size=3 does not divide the world size 2; choose a divisor" in result["log"]
+
+
+def test_interrupted_and_resumed_pipeline_ends_equal_and_its_checkpoint_loads_into_the_unsplit_model(tmp_path):
+    pipeline = {"schedule": "1f1b", "n_microbatches": 4}
+    config = {
+        "checkpoint_every": 4,
+        "model": {"dropout": 0.1, "adam": True},
+        "limit_val_batches": 3,
+        "val_check_interval": 12,
+    }
+    uninterrupted = run_job(tmp_path / "a", "run", devices=2, pipeline=pipeline, **config)
+    crashed = run_job(tmp_path / "b", "run", devices=2, pipeline=pipeline, expect_failure=True, crash_at=6, **config)
+    assert "machine lost" in crashed["log"]
+    resumed = run_job(tmp_path / "b", "run", devices=2, pipeline=pipeline, crash_at=6, **config)  # the same command
+    assert "Auto-resuming from" in resumed["log"]
+    assert resumed["train"] == uninterrupted["train"][4:]  # steps 5..12 after the step-4 checkpoint, bit for bit
+    assert all(torch.equal(resumed["weights"][k], v) for k, v in uninterrupted["weights"].items())
+
+    # the newest checkpoint is the unsplit model's: one process reproduces the pipeline's validation loss from it
+    newest = max((tmp_path / "b" / "checkpoints").glob("*.ckpt"), key=lambda p: int(p.stem.split("step=")[1]))
+    model = StackModel(dropout=0.1)
+    model.load_state_dict(torch.load(newest, weights_only=False)["state_dict"], strict=True)
+    model.eval()
+    with torch.no_grad():
+        losses = [(model.pipeline_loss_fn(model(x), y), len(x)) for x, y in loader(16, drop_last=False, n=40)]
+    single = float(sum(loss * n for loss, n in losses) / sum(n for _, n in losses))
+    assert single == pytest.approx(resumed["metrics"]["val_loss"], rel=1e-6)

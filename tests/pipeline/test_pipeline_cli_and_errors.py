@@ -1,0 +1,87 @@
+"""pipeline_parallel from LightningCLI (2 processes through Lightning's own launcher), and bad input refused early."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lightning.pytorch import Trainer
+from torch import nn
+
+from lightning_scale.strategies import PipelineParallelStrategy
+from tests.pipeline.stack_model import StackModel, loader
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = ["--trainer.accelerator=cpu", "--trainer.max_steps=4", "--trainer.logger=false",
+          "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=1"]  # fmt: skip
+
+
+def cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "tests.pipeline.cli", "fit", *COMMON, f"--trainer.default_root_dir={tmp_path}"]
+    return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--trainer.strategy=pipeline_parallel", "--trainer.devices=2"],
+        [
+            "--trainer.strategy=lightning_scale.strategies.PipelineParallelStrategy",
+            "--trainer.strategy.schedule=1f1b",
+            "--trainer.strategy.n_microbatches=8",
+            "--trainer.devices=2",
+        ],
+    ],
+    ids=["registry-name", "class-path"],
+)
+def test_lightning_cli_trains_with_the_strategy(tmp_path, args):
+    done = cli(tmp_path, *args)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "`Trainer.fit` stopped: `max_steps=4` reached." in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"schedule": "dualpipe"}, r"schedule='dualpipe' is not one of \['1f1b', 'gpipe'"),
+        ({"schedule": "1f1b", "stages_per_rank": 2}, r"stages_per_rank=2 does not fit schedule='1f1b'"),
+        ({"n_microbatches": 0}, r"n_microbatches=0 must be >= 1"),
+        ({"pipeline_size": 0}, r"pipeline_size=0 must be >= 1"),
+    ],
+)
+def test_bad_arguments_are_refused_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PipelineParallelStrategy(**kwargs)
+
+
+class NoLoss(StackModel):
+    pipeline_loss_fn = None
+
+
+class NoStack(StackModel):
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Linear(2, 2)
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy", "message"),
+    [
+        (NoLoss(), {}, r"needs pipeline_loss_fn\(output, target\)"),
+        (StackModel(), {"module": "net"}, r"has no attribute 'net'.*PipelineParallelStrategy\(module=\.\.\.\)"),
+        (NoStack(), {}, r"splits an nn.Sequential or nn.ModuleList of blocks; got Linear"),
+        (StackModel(depth=1), {"stages_per_rank": 4, "schedule": "interleaved_1f1b"}, r"3 blocks, fewer than"),
+    ],
+    ids=["no-loss", "wrong-attribute", "not-a-stack", "too-few-blocks"],
+)
+def test_a_model_the_strategy_cannot_split_is_refused_before_training(tmp_path, model, strategy, message):
+    trainer = Trainer(accelerator="cpu", devices=1, strategy=PipelineParallelStrategy(**strategy), max_steps=1,
+                      logger=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(model, train_dataloaders=loader())
