@@ -59,7 +59,7 @@ def main(config_path: str) -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=config.get("devices", 1),
-        strategy=PipelineParallelStrategy(**pipeline) if pipeline is not None else "auto",
+        strategy=PipelineParallelStrategy(**pipeline) if pipeline is not None else config.get("strategy", "auto"),
         max_steps=config["steps"],
         callbacks=callbacks,
         logger=False,
@@ -72,6 +72,7 @@ def main(config_path: str) -> None:
         accumulate_grad_batches=config.get("accumulate_grad_batches", 1),
         gradient_clip_val=config.get("gradient_clip_val"),
         use_distributed_sampler=config.get("use_distributed_sampler", True),
+        precision=config.get("precision", "32-true"),
     )
     batch_size = config.get("batch_size", 16)
     val = loader(batch_size, drop_last=False, n=40) if config.get("limit_val_batches") else None

@@ -135,3 +135,21 @@ def test_interrupted_and_resumed_pipeline_ends_equal_and_its_checkpoint_loads_in
         losses = [(model.pipeline_loss_fn(model(x), y), len(x)) for x, y in loader(16, drop_last=False, n=40)]
     single = float(sum(loss * n for loss, n in losses) / sum(n for _, n in losses))
     assert single == pytest.approx(resumed["metrics"]["val_loss"], rel=1e-6)
+
+
+@pytest.mark.timeout(400)
+def test_two_pipelines_of_two_stages_match_ddp_on_two_processes(tmp_path):
+    # Lightning's sampler shards the data per replica (shuffled, seed 0) as it does for DDP's ranks
+    config = {"use_distributed_sampler": True, "model": {"adam": True}}
+    ddp = run_job(tmp_path, "ddp", devices=2, strategy="ddp", **config)
+    pipeline = {"schedule": "1f1b", "n_microbatches": 4, "pipeline_size": 2}
+    result = run_job(tmp_path, "pipeline", devices=4, pipeline=pipeline, **config)
+    assert_close(result, ddp)  # rank 0's losses: replica 0's shard in both
+
+
+def test_bf16_mixed_trains_through_the_pipeline_like_one_process(tmp_path):
+    reference = run_job(tmp_path, "single", precision="bf16-mixed")
+    result = run_job(tmp_path, "pipeline", devices=2, pipeline={"n_microbatches": 4}, precision="bf16-mixed")
+    # autocast rounds each microbatch on its own: close, not equal
+    torch.testing.assert_close(torch.tensor(result["train"]), torch.tensor(reference["train"]), rtol=2e-2, atol=0)
+    assert all(torch.isfinite(t).all() for t in result["weights"].values())
