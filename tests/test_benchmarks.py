@@ -48,3 +48,17 @@ def test_cost_levers_benchmark_runs_quick_and_writes_json(tmp_path):
     )
     result = json.loads(out.read_text())
     assert set(result["over_fp32"]) == {"fp32", "bf16-mixed", "small sample (10%)"} and result["machine"]["cpu"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_pipeline_throughput_benchmark_runs_quick_and_writes_json(tmp_path):
+    out = tmp_path / "result.json"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pipeline_throughput.py"), "--quick", f"--out={out}"],
+        check=True,
+        capture_output=True,
+        timeout=540,
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and {"raw_s", "ours_s", "bubble_theory", "bubble_measured_ours"} <= set(rows[0])

@@ -1,0 +1,133 @@
+"""One pipeline benchmark job (run by benchmarks/pipeline_throughput.py): median seconds per training step.
+
+python benchmarks/_pipeline_job.py single|raw|ours WIDTH MICROBATCHES STEPS OUT.json   (raw/ours under torchrun)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed import pipelining
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lightning_scale import distributed
+from lightning_scale.strategies import PipelineParallelStrategy
+
+DEPTH, BATCH, WARMUP = 8, 64, 5
+
+
+def stack(width: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(DEPTH)])
+
+
+def data(width: int, steps: int) -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(BATCH * steps, width, generator=generator)
+    return DataLoader(TensorDataset(x, torch.randn(BATCH * steps, width, generator=generator)), batch_size=BATCH)
+
+
+class Model(pl.LightningModule):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.model = stack(width)
+
+    def pipeline_loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(output, target)
+
+    def training_step(self, batch, batch_idx):
+        return self.pipeline_loss_fn(self.model(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class StepTimes(pl.Callback):
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, *args) -> None:
+        self.ends.append(time.perf_counter())
+
+
+def median_step(ends: list[float]) -> float:
+    return statistics.median(b - a for a, b in zip(ends[WARMUP:], ends[WARMUP + 1 :], strict=False))
+
+
+def single(width: int, steps: int) -> float:
+    model, ends = stack(width), []
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for x, y in data(width, steps):
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+        ends.append(time.perf_counter())
+    return median_step(ends)
+
+
+def raw(width: int, microbatches: int, steps: int) -> float:
+    torch.distributed.init_process_group("gloo")
+    rank, size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    full = stack(width)
+    per = DEPTH // size
+    module = nn.Sequential(*list(full.children())[rank * per : (rank + 1) * per])
+    stage = pipelining.PipelineStage(module, rank, size, torch.device("cpu"))
+    schedule = pipelining.Schedule1F1B(stage, microbatches, loss_fn=F.mse_loss)
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
+    ends = []
+    for x, y in data(width, steps):
+        optimizer.zero_grad()
+        if rank == 0:
+            schedule.step(x)
+        elif rank == size - 1:
+            schedule.step(target=y, losses=[])
+        else:
+            schedule.step()
+        optimizer.step()
+        ends.append(time.perf_counter())
+    distributed.destroy_process_group()
+    return median_step(ends)
+
+
+def ours(width: int, microbatches: int, steps: int) -> float:
+    times = StepTimes()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=PipelineParallelStrategy(schedule="1f1b", n_microbatches=microbatches),
+        max_steps=steps, callbacks=[times], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, use_distributed_sampler=False,
+    )  # fmt: skip
+    trainer.fit(Model(width), train_dataloaders=data(width, steps))
+    distributed.destroy_process_group()
+    return median_step(times.ends)
+
+
+def main() -> None:
+    mode, width, microbatches, steps, out = (
+        sys.argv[1],
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        sys.argv[5],
+    )
+    torch.set_num_threads(2 if mode == "single-2t" else 1)
+    if mode.startswith("single"):
+        seconds = single(width, steps)
+    else:
+        seconds = raw(width, microbatches, steps) if mode == "raw" else ours(width, microbatches, steps)
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(out).write_text(json.dumps({"step_s": seconds}))
+
+
+if __name__ == "__main__":
+    main()
