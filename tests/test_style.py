@@ -25,10 +25,16 @@ def imports_of(path: Path) -> set[str]:
 def test_only_distributed_module_imports_torch_distributed(path):
     if path.name == "distributed.py":
         return
-    assert not any(name.startswith("torch.distributed") for name in imports_of(path))
+    allowed = set()
+    if path.name == "pipeline_parallel.py":
+        # torch's pipeline schedules are its own communication engine (point-to-point inside PipelineStage): the
+        # strategy builds them but calls no collective itself; its broadcasts and reductions go through distributed.py
+        allowed = {"torch.distributed.pipelining"}
+    imported = {name for name in imports_of(path) if name.startswith("torch.distributed")}
+    assert imported <= allowed, imported - allowed
 
 
-@pytest.mark.parametrize("package", ["checkpoint"])
+@pytest.mark.parametrize("package", ["checkpoint", "cost", "pipeline"])
 def test_pure_logic_packages_do_not_import_lightning(package):
     for path in (PACKAGE / package).rglob("*.py"):
         assert not {name.split(".")[0] for name in imports_of(path)} & {"lightning", "pytorch_lightning"}, path

@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed.pipelining as pipelining
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
-from torch.distributed import pipelining
 from torch.optim import Optimizer
 from typing_extensions import override
 

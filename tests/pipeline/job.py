@@ -6,6 +6,8 @@ python -m tests.pipeline.job CONFIG.json     (config: out, steps, strategy kwarg
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_scale import distributed
-from lightning_scale.callbacks import ResumableCheckpoint
+from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.strategies import PipelineParallelStrategy
 from tests.pipeline.stack_model import StackModel, loader
 
@@ -31,6 +33,14 @@ class CrashOnce(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not self.resumed and trainer.global_step == self.step:
             raise RuntimeError("machine lost")
+
+
+class SigtermOnce(CrashOnce):
+    """Sends SIGTERM to this rank (rank 1) at the start of step ``step`` of a fresh fit, as a spot notice would."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if not self.resumed and trainer.global_step == self.step and trainer.global_rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class Losses(Callback):
@@ -55,6 +65,8 @@ def main(config_path: str) -> None:
         )
     if "crash_at" in config:
         callbacks.append(CrashOnce(config["crash_at"]))
+    if "sigterm_at" in config:
+        callbacks += [SpotPreemption(), SigtermOnce(config["sigterm_at"])]
     pipeline = config.get("pipeline")
     trainer = pl.Trainer(
         accelerator="cpu",

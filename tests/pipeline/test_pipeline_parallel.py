@@ -153,3 +153,19 @@ def test_bf16_mixed_trains_through_the_pipeline_like_one_process(tmp_path):
     # autocast rounds each microbatch on its own: close, not equal
     torch.testing.assert_close(torch.tensor(result["train"]), torch.tensor(reference["train"]), rtol=2e-2, atol=0)
     assert all(torch.isfinite(t).all() for t in result["weights"].values())
+
+
+def test_a_spot_notice_on_one_stage_stops_the_pipeline_and_it_resumes_equal(tmp_path):
+    pipeline = {"schedule": "1f1b", "n_microbatches": 4}
+    config = {"checkpoint_every": 100, "model": {"dropout": 0.1}}
+    uninterrupted = run_job(tmp_path / "a", "run", devices=2, pipeline=pipeline, **config)
+    stopped = run_job(tmp_path / "b", "run", devices=2, pipeline=pipeline, expect_failure=True, sigterm_at=5, **config)
+    assert "Preempted at step 6" in stopped["log"] and "exitcode  : 143" in stopped["log"]
+    resumed = run_job(tmp_path / "b", "run", devices=2, pipeline=pipeline, sigterm_at=5, **config)
+    assert resumed["train"] == uninterrupted["train"][6:]  # from the step every stage stopped at, bit for bit
+    assert all(torch.equal(resumed["weights"][k], v) for k, v in uninterrupted["weights"].items())
+
+
+def test_four_stages_match_single_process_training(tmp_path, reference):
+    result = run_job(tmp_path, "pipeline", devices=4, pipeline={"schedule": "1f1b", "n_microbatches": 4})
+    assert_close(result, reference)
