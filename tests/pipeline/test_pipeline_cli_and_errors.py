@@ -85,3 +85,18 @@ def test_a_model_the_strategy_cannot_split_is_refused_before_training(tmp_path, 
                       logger=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
     with pytest.raises(ValueError, match=message):
         trainer.fit(model, train_dataloaders=loader())
+
+
+def test_one_process_runs_the_whole_pipeline_as_one_stage(tmp_path):
+    """On a laptop: pipeline_size 1, the schedule runs every microbatch through one stage; losses as without it."""
+    from lightning.pytorch import seed_everything
+
+    losses = {}
+    for name, strategy in (("plain", "auto"), ("pipeline", PipelineParallelStrategy(schedule="gpipe"))):
+        seed_everything(0)
+        trainer = Trainer(accelerator="cpu", devices=1, strategy=strategy, max_steps=3, logger=False,
+                          enable_progress_bar=False, enable_checkpointing=False, default_root_dir=tmp_path,
+                          use_distributed_sampler=False)  # fmt: skip
+        trainer.fit(StackModel(), train_dataloaders=loader())
+        losses[name] = float(trainer.callback_metrics["train_loss"])
+    assert losses["pipeline"] == pytest.approx(losses["plain"], rel=1e-5)
