@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.strategies import PipelineParallelStrategy
-from tests.pipeline.stack_model import StackModel, loader
+from tests.pipeline.stack_model import ListModel, StackModel, loader
 
 
 class CrashOnce(Callback):
@@ -56,7 +56,7 @@ def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
     out = Path(config["out"])
     pl.seed_everything(0, verbose=False)
-    model = StackModel(**config.get("model", {}))
+    model = (ListModel if config.get("module_list") else StackModel)(**config.get("model", {}))
     losses = Losses()
     callbacks: list[Callback] = [losses]
     if "checkpoint_every" in config:

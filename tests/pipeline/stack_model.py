@@ -70,3 +70,17 @@ class StackData(LightningDataModule):
 
     def val_dataloader(self) -> StatefulDataLoader:
         return loader(self.batch_size, n=48)
+
+
+class ListModel(StackModel):
+    """The same network with its blocks in an nn.ModuleList that ``forward`` loops over (pipeline: module="blocks")."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.blocks = nn.ModuleList(self.model.children())
+        del self.model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x

@@ -169,3 +169,10 @@ def test_a_spot_notice_on_one_stage_stops_the_pipeline_and_it_resumes_equal(tmp_
 def test_four_stages_match_single_process_training(tmp_path, reference):
     result = run_job(tmp_path, "pipeline", devices=4, pipeline={"schedule": "1f1b", "n_microbatches": 4})
     assert_close(result, reference)
+
+
+def test_a_module_list_of_blocks_splits_like_a_sequential(tmp_path, reference):
+    pipeline = {"schedule": "1f1b", "n_microbatches": 4, "module": "blocks"}
+    result = run_job(tmp_path, "pipeline", devices=2, pipeline=pipeline, module_list=True)
+    renamed = {key.replace("blocks.", "model.", 1): value for key, value in result["weights"].items()}
+    assert_close({**result, "weights": renamed}, reference)  # the same network, the same training
