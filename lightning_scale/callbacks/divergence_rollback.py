@@ -78,13 +78,7 @@ class DivergenceRollback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        found = [cb for cb in trainer.callbacks if isinstance(cb, ResumableCheckpoint)]
-        if not found:
-            raise ValueError(
-                "DivergenceRollback rolls back to the newest valid checkpoint of a ResumableCheckpoint, and the "
-                "Trainer has none: add lightning_scale.callbacks.ResumableCheckpoint(every_n_train_steps=...)."
-            )
-        self._checkpoint = found[0]
+        self._checkpoint = ResumableCheckpoint.of(trainer, "DivergenceRollback (to roll back to its newest checkpoint)")
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -148,6 +148,17 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.last_save_seconds: float | None = None
         """Wall time of the latest save, from building the state to the published manifest."""
 
+    @staticmethod
+    def of(trainer: pl.Trainer, needed_by: str) -> ResumableCheckpoint:
+        """The Trainer's ``ResumableCheckpoint``; raises ``ValueError`` naming ``needed_by`` and the fix when none."""
+        found = [cb for cb in trainer.callbacks if isinstance(cb, ResumableCheckpoint)]
+        if not found:
+            raise ValueError(
+                f"{needed_by} needs a ResumableCheckpoint among the Trainer's callbacks; add "
+                "lightning_scale.callbacks.ResumableCheckpoint(dirpath=..., every_n_train_steps=...)."
+            )
+        return found[0]
+
     @property
     def store(self) -> CheckpointStore:
         """The checkpoint directory (available once ``setup`` resolved ``dirpath``)."""

@@ -95,13 +95,7 @@ class SpotPreemption(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        found = [cb for cb in trainer.callbacks if isinstance(cb, ResumableCheckpoint)]
-        if not found:
-            raise ValueError(
-                "SpotPreemption needs a ResumableCheckpoint among the Trainer's callbacks to save the full state on "
-                "a notice; add lightning_scale.callbacks.ResumableCheckpoint(dirpath=...)."
-            )
-        self._checkpoint = found[0]
+        self._checkpoint = ResumableCheckpoint.of(trainer, "SpotPreemption (to save the full state on a notice)")
         # Pollers from now on. Signal handlers only once Lightning installed its own (below): installed earlier, they
         # would become the "original" handlers that Lightning puts back after fit.
         for source in self.sources:

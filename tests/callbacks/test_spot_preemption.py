@@ -40,7 +40,9 @@ def test_a_source_that_is_not_a_notice_source_is_refused():
 
 def test_without_a_resumable_checkpoint_fit_fails_before_training(tiny_trainer_kwargs):
     trainer = Trainer(max_steps=2, callbacks=[SpotPreemption()], **tiny_trainer_kwargs)
-    with pytest.raises(ValueError, match=r"needs a ResumableCheckpoint.*ResumableCheckpoint\(dirpath=\.\.\.\)"):
+    with pytest.raises(
+        ValueError, match=r"needs a ResumableCheckpoint.*ResumableCheckpoint\(dirpath=\.\.\., every_n_train_steps"
+    ):
         trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
     assert trainer.global_step == 0
 
