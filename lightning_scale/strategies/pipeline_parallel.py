@@ -210,8 +210,9 @@ class PipelineParallelStrategy(DDPStrategy):
 
     # ------------------------------------------------------------------------------------------------ steps
 
-    def _run(self, mode: str, batch: Any) -> Tensor:
-        """Run ``batch`` through the pipeline; the mean microbatch loss, the same on every rank of the pipeline."""
+    def _run(self, mode: str, batch: Any) -> tuple[Tensor, int]:
+        """Run ``batch`` through the pipeline; the mean microbatch loss (the same on every rank of the pipeline) and
+        the batch size."""
         inputs, target = self._split_batch(batch)
         size = inputs[0].shape[0]
         if size % self.n_microbatches:
@@ -234,7 +235,7 @@ class PipelineParallelStrategy(DDPStrategy):
         loss = torch.stack(losses).mean().detach().float() if last else torch.zeros((), device=self.root_device)
         group = self._mesh.get_group("pp")
         holder = distributed.global_rank_in(group, self._plan.ranks[-1])  # the rank running the last stage
-        return distributed.broadcast_tensor_(loss, holder, group=group)
+        return distributed.broadcast_tensor_(loss, holder, group=group), size
 
     def _split_batch(self, batch: Any) -> tuple[tuple[Tensor, ...], Tensor]:
         split: Callable[[Any], Any] | None = getattr(self.lightning_module, "pipeline_split_batch", None)
@@ -256,13 +257,13 @@ class PipelineParallelStrategy(DDPStrategy):
         for p in params:
             p.grad = None
         with self.precision_plugin.train_step_context():
-            loss = self._run("train", args[0])
+            loss, size = self._run("train", args[0])
         # The schedule ran backward already; Lightning's closure zeroes gradients between training_step and
         # backward, so this step's gradients wait outside the parameters until backward() puts them back.
         self._pending_grads = [p.grad for p in params]
         for p, grad in zip(params, earlier, strict=True):
             p.grad = grad
-        self.lightning_module.log("train_loss", loss, prog_bar=True, batch_size=_batch_size(args[0], self))
+        self.lightning_module.log("train_loss", loss, prog_bar=True, batch_size=size)
         return loss.requires_grad_(True)
 
     @override
@@ -290,15 +291,15 @@ class PipelineParallelStrategy(DDPStrategy):
     @override
     def validation_step(self, *args: Any, **kwargs: Any) -> Tensor:
         with self.precision_plugin.val_step_context():
-            loss = self._run("eval", args[0])
-        self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=_batch_size(args[0], self))
+            loss, size = self._run("eval", args[0])
+        self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=size)
         return loss
 
     @override
     def test_step(self, *args: Any, **kwargs: Any) -> Tensor:
         with self.precision_plugin.test_step_context():
-            loss = self._run("eval", args[0])
-        self.lightning_module.log("test_loss", loss, batch_size=_batch_size(args[0], self))
+            loss, size = self._run("eval", args[0])
+        self.lightning_module.log("test_loss", loss, batch_size=size)
         return loss
 
     @override
@@ -342,8 +343,3 @@ class PipelineParallelStrategy(DDPStrategy):
             )
         own = {**checkpoint, "optimizer_states": [ranks[self._pp_rank] for ranks in states]}
         super().load_optimizer_state_dict(own)
-
-
-def _batch_size(batch: Any, strategy: PipelineParallelStrategy) -> int:
-    inputs, _ = strategy._split_batch(batch)
-    return int(inputs[0].shape[0])
