@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one repeat, one width, m=4 (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "pipeline_throughput.json"))
     args = parser.parse_args()
-    repeats, widths, ms, steps = (1, [128], [4], 12) if args.quick else (3, [256, 1024], [2, 4, 8], 30)
+    repeats, widths, ms, steps = (1, [128], [4], 12) if args.quick else (5, [256, 1024], [2, 4, 8], 40)
 
     rows = []
     for width in widths:
@@ -75,7 +75,8 @@ def main() -> None:
                 "width": width, "microbatches": m,
                 "single_1t_s": spread(singles["single"]), "single_2t_s": spread(singles["single-2t"]),
                 "raw_s": raw, "ours_s": ours,
-                "ours_over_raw_throughput": raw["median"] / ours["median"],
+                # paired within each repeat (run back to back), then the median: drift between repeats cancels
+                "ours_over_raw_throughput": spread([r / o for r, o in zip(*pipes[m].values(), strict=True)]),
                 "bubble_theory": (STAGES - 1) / (m + STAGES - 1),
                 "bubble_measured_raw": 1 - (one / STAGES) / raw["median"],
                 "bubble_measured_ours": 1 - (one / STAGES) / ours["median"],
@@ -89,10 +90,10 @@ def main() -> None:
             f"{r['width']:>5} {r['microbatches']:>2} {r['single_1t_s']['median'] * 1e3:10.2f} "
             f"{r['single_2t_s']['median'] * 1e3:10.2f} {r['raw_s']['median'] * 1e3:8.2f} "
             f"{r['ours_s']['median'] * 1e3:8.2f} "
-            f"{r['ours_over_raw_throughput']:9.3f} {r['bubble_theory']:14.2f} {r['bubble_measured_raw']:13.2f} "
-            f"{r['bubble_measured_ours']:6.2f}"
+            f"{r['ours_over_raw_throughput']['median']:9.3f} {r['bubble_theory']:14.2f} "
+            f"{r['bubble_measured_raw']:13.2f} {r['bubble_measured_ours']:6.2f}"
         )
-    worst = min(r["ours_over_raw_throughput"] for r in rows)
+    worst = min(r["ours_over_raw_throughput"]["median"] for r in rows)
     print(
         f"ours/raw throughput, worst row: {worst:.3f} (target >= {TARGET}: {'holds' if worst >= TARGET else 'MISSED'})"
     )

@@ -113,12 +113,12 @@ def gather_object(obj: T, dst: int = 0) -> list[T] | None:
     return gathered
 
 
-def broadcast_object(obj: T, src: int = 0) -> T:
-    """Rank ``src``'s ``obj`` on every rank."""
-    if not _group_ready() or dist.get_world_size() == 1:
+def broadcast_object(obj: T, src: int = 0, group: Any = None) -> T:
+    """Global rank ``src``'s ``obj`` on every rank of ``group`` (default: all ranks)."""
+    if not _group_ready() or dist.get_world_size(group) == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
 

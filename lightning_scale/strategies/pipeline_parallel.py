@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -12,12 +13,14 @@ import torch
 import torch.distributed.pipelining as pipelining
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_scale import distributed
 from lightning_scale.pipeline.clipping import clip_grad_norm_across_
+from lightning_scale.pipeline.materialize import is_meta, materialize_
 from lightning_scale.pipeline.split import LOOPED, V_SHAPE, StagePlan, plan_stages
 
 __all__ = ["PipelineParallelStrategy"]
@@ -52,6 +55,12 @@ class PipelineParallelStrategy(DDPStrategy):
     ``train_loss``, ``val_loss`` and ``test_loss``: the last stage's mean microbatch loss, broadcast to every rank,
     so the progress bar, checkpoint monitors and early stopping agree. With ``world_size = pipeline_size x dp``,
     ``dp`` pipeline replicas each read their own shard of the data and average gradients before each optimizer step.
+
+    ``predict_step`` runs forward-only too and returns the stack's output for the batch's inputs (the whole batch
+    when it is not an ``(inputs, target)`` pair or ``pipeline_split_batch`` is not defined) on every rank of the
+    pipeline. A model built under ``Trainer.init_module(empty_init=True)`` lives on the meta device until the split:
+    each rank then allocates only its own blocks and initialises them with their modules' ``reset_parameters()``,
+    block ``i`` from seed ``torch.initial_seed() + i`` (rank 0's), so the weights do not depend on the layout.
 
     Gradient clipping by norm (``Trainer(gradient_clip_val=...)``) uses the norm over all stages' gradients.
     Checkpoints gather every stage's weights, so the saved ``state_dict`` loads strictly into the unsplit module on
@@ -167,6 +176,13 @@ class PipelineParallelStrategy(DDPStrategy):
         # Lightning clips through the precision plugin with each rank's own norm; the norm must span all stages
         self.precision_plugin.clip_grad_by_norm = self._clip_grad_by_norm  # type: ignore[method-assign]
 
+    @override
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        # empty_init: build on the meta device; each rank allocates only its own blocks after the split
+        with torch.device("meta") if empty_init else nullcontext(), self.precision_plugin.tensor_init_context():
+            yield
+
     def _clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
         group = self._mesh.get_group("pp")
         parameters = self.precision_plugin.main_params(optimizer)
@@ -189,9 +205,32 @@ class PipelineParallelStrategy(DDPStrategy):
         self._stage_modules = {
             stage: self._plan.stage_module(stack, stage) for stage in self._plan.local_stages(self._pp_rank)
         }
-        setattr(pl_module, self.module, self._plan.local_stack(stack, self._pp_rank))
-        shown = ", ".join(f"stage {s}: blocks {self._plan.bounds[s]}" for s in self._stage_modules)
-        log.info(f"pipeline rank {self._pp_rank} of {self._pp} (replica {self._dp_rank} of {self._dp}): {shown}")
+        local = self._plan.local_stack(stack, self._pp_rank)
+        setattr(pl_module, self.module, local)
+        seed = distributed.broadcast_object(torch.initial_seed())  # dp replicas must start alike
+        materialize_(((self._plan.names.index(name), block) for name, block in local.named_children()),
+                     self.root_device, seed)  # fmt: skip
+        if is_meta(pl_module):
+            raise ValueError(
+                f"{type(pl_module).__name__} has parts on the meta device outside {self.module!r}; build only the "
+                "stack of blocks under Trainer.init_module(empty_init=True), or everything without it."
+            )
+        rank_zero_info(
+            f"pipeline_parallel: {self._pp} ranks per pipeline, {self._dp} replica(s)\n{self._describe(stack)}"
+        )
+
+    def _describe(self, stack: Any) -> str:
+        """One line per stage: its rank, blocks and parameter count (Lightning's ModelSummary shows rank 0's only)."""
+        assert self._plan is not None
+        blocks = dict(stack.named_children())
+        lines = []
+        for stage, ((start, stop), rank) in enumerate(zip(self._plan.bounds, self._plan.ranks, strict=True)):
+            names = self._plan.names[start:stop]
+            count = sum(p.numel() for name in names for p in blocks[name].parameters())
+            lines.append(
+                f"  stage {stage} on pipeline rank {rank}: blocks {names[0]}..{names[-1]}, {count:,} parameters"
+            )
+        return "\n".join(lines)
 
     def _schedule_for(self, mode: str, batch_size: int) -> Any:
         """One schedule (with its own stages) per mode and batch size: stages fix their shapes on first use."""
@@ -204,16 +243,27 @@ class PipelineParallelStrategy(DDPStrategy):
                 pipelining.PipelineStage(module, stage, len(self._plan.bounds), self.root_device, group=group)
                 for stage, module in self._stage_modules.items()
             ]
-            loss_fn = self.lightning_module.pipeline_loss_fn
-            self._schedules[key] = cls(stages if multi else stages[0], self.n_microbatches, loss_fn=loss_fn)
+            loss_fn = None if mode == "predict" else self.lightning_module.pipeline_loss_fn
+            schedule = cls(stages if multi else stages[0], self.n_microbatches, loss_fn=loss_fn)
+            if mode != "train" and SCHEDULES[self.schedule][2] == V_SHAPE:
+                _drop_backward_actions(schedule)
+            self._schedules[key] = schedule
         return self._schedules[key]
 
     # ------------------------------------------------------------------------------------------------ steps
 
     def _run(self, mode: str, batch: Any) -> tuple[Tensor, int]:
-        """Run ``batch`` through the pipeline; the mean microbatch loss (the same on every rank of the pipeline) and
-        the batch size."""
+        """Run ``batch`` through the pipeline (``train`` or ``eval``); the mean microbatch loss (the same on every rank
+        of the pipeline) and the batch size."""
         inputs, target = self._split_batch(batch)
+        losses: list[Tensor] = []
+        last = self._runs_stage(-1)
+        self._pipeline(mode, inputs, target=target if last else None, losses=losses if last else None)
+        loss = torch.stack(losses).mean().detach().float() if last else torch.zeros((), device=self.root_device)
+        loss = distributed.broadcast_tensor_(loss, self._last_stage_rank(), group=self._mesh.get_group("pp"))
+        return loss, len(inputs[0])
+
+    def _pipeline(self, mode: str, inputs: tuple[Tensor, ...], **kwargs: Any) -> Any:
         size = inputs[0].shape[0]
         if size % self.n_microbatches:
             divisors = [d for d in range(2, min(size, 64) + 1) if size % d == 0][:4]
@@ -221,21 +271,19 @@ class PipelineParallelStrategy(DDPStrategy):
                 f"n_microbatches={self.n_microbatches} does not divide the batch size {size}; choose a divisor such "
                 f"as {divisors} (--trainer.strategy.n_microbatches), or a batch size that it divides."
             )
-        assert self._plan is not None
-        local = self._plan.local_stages(self._pp_rank)
-        first, last = 0 in local, len(self._plan.bounds) - 1 in local
-        losses: list[Tensor] = []
-        args = inputs if first else ()
-        kwargs: dict[str, Any] = {"target": target if last else None, "losses": losses if last else None}
         schedule = self._schedule_for(mode, size)
+        args = inputs if self._runs_stage(0) else ()
         if mode == "train":
-            schedule.step(*args, **kwargs)
-        else:
-            schedule.eval(*args, **kwargs)
-        loss = torch.stack(losses).mean().detach().float() if last else torch.zeros((), device=self.root_device)
-        group = self._mesh.get_group("pp")
-        holder = distributed.global_rank_in(group, self._plan.ranks[-1])  # the rank running the last stage
-        return distributed.broadcast_tensor_(loss, holder, group=group), size
+            return schedule.step(*args, return_outputs=False, **kwargs)
+        return schedule.eval(*args, return_outputs=mode == "predict", **kwargs)
+
+    def _runs_stage(self, stage: int) -> bool:
+        assert self._plan is not None
+        return self._plan.ranks[stage] == self._pp_rank
+
+    def _last_stage_rank(self) -> int:
+        assert self._plan is not None
+        return distributed.global_rank_in(self._mesh.get_group("pp"), self._plan.ranks[-1])
 
     def _split_batch(self, batch: Any) -> tuple[tuple[Tensor, ...], Tensor]:
         split: Callable[[Any], Any] | None = getattr(self.lightning_module, "pipeline_split_batch", None)
@@ -272,8 +320,12 @@ class PipelineParallelStrategy(DDPStrategy):
         closure_loss = self.precision_plugin.pre_backward(closure_loss, module)  # on_before_backward hooks
         scale = 1.0 / module.trainer.accumulate_grad_batches  # as Lightning scales a loss before backward
         for p, grad in zip(module.parameters(), self._pending_grads or [], strict=True):
-            if grad is not None:
-                p.grad = grad * scale if p.grad is None else p.grad + grad * scale
+            if grad is None:
+                continue
+            if p.grad is None:  # no copy: the stashed tensor becomes the gradient
+                p.grad = grad if scale == 1.0 else grad.mul_(scale)
+            else:
+                p.grad.add_(grad, alpha=scale)
         self._pending_grads = None
         return self.precision_plugin.post_backward(closure_loss, module)  # on_after_backward hooks
 
@@ -304,10 +356,15 @@ class PipelineParallelStrategy(DDPStrategy):
 
     @override
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "pipeline_parallel does not predict yet: load the checkpoint's state_dict (the unsplit module's) and "
-            "predict on one device."
-        )
+        batch = args[0]
+        split = getattr(self.lightning_module, "pipeline_split_batch", None)
+        if split is not None:
+            inputs = split(batch)[0]
+        else:
+            inputs = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 else batch
+        with self.precision_plugin.predict_step_context():
+            output = self._pipeline("predict", inputs if isinstance(inputs, tuple) else (inputs,))
+        return distributed.broadcast_object(output, self._last_stage_rank(), group=self._mesh.get_group("pp"))
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
@@ -343,3 +400,13 @@ class PipelineParallelStrategy(DDPStrategy):
             )
         own = {**checkpoint, "optimizer_states": [ranks[self._pp_rank] for ranks in states]}
         super().load_optimizer_state_dict(own)
+
+
+def _drop_backward_actions(schedule: Any) -> None:
+    """Make a V-shaped schedule forward-only: torch 2.13's ``eval()`` still runs its backward actions, and the one
+    that hands a gradient to the neighbouring stage on the same rank fails (guarded by the zbv predict test)."""
+    forward = ("F", "SEND_F", "RECV_F")  # torch's _ComputationType values (a str Enum)
+    schedule.pipeline_order_with_comms = {
+        rank: [action for action in actions if action is not None and action.computation_type in forward]
+        for rank, actions in schedule.pipeline_order_with_comms.items()
+    }

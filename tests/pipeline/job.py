@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -56,7 +57,6 @@ def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
     out = Path(config["out"])
     pl.seed_everything(0, verbose=False)
-    model = (ListModel if config.get("module_list") else StackModel)(**config.get("model", {}))
     losses = Losses()
     callbacks: list[Callback] = [losses]
     if "checkpoint_every" in config:
@@ -86,12 +86,16 @@ def main(config_path: str) -> None:
         use_distributed_sampler=config.get("use_distributed_sampler", True),
         precision=config.get("precision", "32-true"),
     )
+    with trainer.init_module(empty_init=True) if config.get("meta_init") else nullcontext():
+        model = (ListModel if config.get("module_list") else StackModel)(**config.get("model", {}))
     batch_size = config.get("batch_size", 16)
     val = loader(batch_size, drop_last=False, n=40) if config.get("limit_val_batches") else None
     train = loader(batch_size, drop_last=config.get("drop_last", True), n=config.get("n", 256))
     trainer.fit(model, train_dataloaders=train, val_dataloaders=val)
     weights = trainer.strategy.lightning_module_state_dict()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if config.get("predict"):  # forward-only after training, on held-out rows
+        weights["predictions"] = torch.cat(trainer.predict(model, loader(batch_size, drop_last=False, n=48)))
     if trainer.global_rank == 0:
         torch.save(weights, out / "weights.pt")
         (out / "result.json").write_text(json.dumps({"train": losses.train, "metrics": metrics}))

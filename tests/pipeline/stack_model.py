@@ -41,6 +41,9 @@ class StackModel(LightningModule):
         x, y = batch
         self.log("test_loss", self.pipeline_loss_fn(self(x), y))
 
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
     def configure_optimizers(self):
         if self.hparams.adam:
             return torch.optim.Adam(self.parameters(), lr=self.hparams.lr / 10)
