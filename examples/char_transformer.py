@@ -217,8 +217,11 @@ class CharDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> StatefulDataLoader:
         assert self.train_set is not None, "call setup() first"
         if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # the strategy says how many data replicas there are and which one this rank reads: ranks that share a
+            # model replica (tensor or pipeline parallel) must read the same batches
+            replicas = self.trainer.strategy.distributed_sampler_kwargs if self.trainer is not None else {}
             sampler: torch.utils.data.Sampler[int] = StatefulDistributedSampler(
-                self.train_set, shuffle=True, seed=self.hparams.seed, drop_last=True
+                self.train_set, shuffle=True, seed=self.hparams.seed, drop_last=True, **(replicas or {})
             )
         else:
             sampler = RandomSampler(self.train_set, generator=self._generator())

@@ -13,7 +13,7 @@ from lightning_scale.callbacks import (
     WandbResume,
 )
 from lightning_scale.data import WorkerRNGDataset
-from lightning_scale.strategies import DataParallelStrategy
+from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy, PipelineParallelStrategy
 
 __version__ = "0.1.0"
 
@@ -23,6 +23,8 @@ __all__ = [
     "DataParallelStrategy",
     "DataStateCheckpoint",
     "DivergenceRollback",
+    "ModelParallelStrategy",
+    "PipelineParallelStrategy",
     "ResumableCheckpoint",
     "SpotPreemption",
     "WandbResume",

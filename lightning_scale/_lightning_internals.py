@@ -56,6 +56,7 @@ __all__ = [
     "train_loaders",
     "trainer_logs_this_step",
     "unrepeatable_shuffle",
+    "writes_sharded_checkpoints",
 ]
 
 CHECKPOINT_FIT_LOOP_KEYS = ("loops", "fit_loop", "state_dict")
@@ -235,3 +236,11 @@ def restore_training_state(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> N
         trainer.precision_plugin.load_state_dict(precision_state)
     for optimizer in trainer.optimizers:
         optimizer.zero_grad(set_to_none=True)
+
+
+def writes_sharded_checkpoints(strategy: Any) -> bool:
+    """Whether the strategy saves a checkpoint as a directory of per-rank shards (Lightning's ModelParallelStrategy
+    with ``save_distributed_checkpoint=True``, FSDPStrategy with ``state_dict_type="sharded"``)."""
+    return bool(getattr(strategy, "_save_distributed_checkpoint", False)) or (
+        getattr(strategy, "_state_dict_type", None) == "sharded"
+    )

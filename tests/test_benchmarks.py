@@ -41,3 +41,10 @@ def test_preemption_cost_benchmark_runs_quick_and_writes_json(tmp_path):
 def test_pipeline_throughput_benchmark_runs_quick_and_writes_json(tmp_path):
     rows = run_quick("pipeline_throughput.py", tmp_path, 540)["rows"]
     assert rows and {"raw_s", "ours_s", "bubble_theory", "bubble_measured_ours"} <= set(rows[0])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_data_parallel_step_benchmark_runs_quick_and_writes_json(tmp_path):
+    table = run_quick("data_parallel_step.py", tmp_path, 540)["table"]
+    assert set(table) == {"raw", "ddp", "data_parallel"} and table["ddp"]["memory_per_rank"][0]["optimizer"] > 0

@@ -116,3 +116,12 @@ def test_lightning_checkpoint_layout_of_loader_state(tmp_path, tiny_trainer_kwar
     assert "combined_loader" in node
     internals.drop_lightning_loader_state(checkpoint)
     assert "combined_loader" not in node
+
+
+def test_sharded_checkpoint_flags_we_read_exist():
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    assert internals.writes_sharded_checkpoints(ModelParallelStrategy())
+    assert not internals.writes_sharded_checkpoints(ModelParallelStrategy(save_distributed_checkpoint=False))
+    assert internals.writes_sharded_checkpoints(FSDPStrategy(state_dict_type="sharded"))
+    assert not internals.writes_sharded_checkpoints(FSDPStrategy())

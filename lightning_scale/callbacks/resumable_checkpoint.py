@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed
-from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset
+from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset, writes_sharded_checkpoints
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
@@ -172,6 +172,13 @@ class ResumableCheckpoint(ModelCheckpoint):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = _default_dirpath(trainer)
+        if stage == "fit" and writes_sharded_checkpoints(trainer.strategy):
+            raise ValueError(
+                "ResumableCheckpoint writes each checkpoint as one validated file, but "
+                f"{type(trainer.strategy).__name__} saves a directory of shards. Pass save_distributed_checkpoint="
+                "False to the strategy (--trainer.strategy.save_distributed_checkpoint false): the full state is "
+                "gathered on rank 0 and still loads on any world size."
+            )
         if stage == "fit":  # before ModelCheckpoint lists the directory, so that every rank fails alike
             self._store = CheckpointStore(str(self.dirpath))
             self._on_storage(self.store.check_writable)

@@ -1,5 +1,6 @@
 """Checkpoint storage and manifests: plain logic over fsspec, no Lightning imports."""
 
+from lightning_scale.checkpoint.consolidate import consolidate_checkpoint
 from lightning_scale.checkpoint.manifest import Manifest, find_newest_valid, publish_checkpoint, validate
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
 
@@ -7,6 +8,7 @@ __all__ = [
     "CheckpointStorageError",
     "CheckpointStore",
     "Manifest",
+    "consolidate_checkpoint",
     "find_newest_valid",
     "publish_checkpoint",
     "validate",

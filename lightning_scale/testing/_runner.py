@@ -22,7 +22,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, Strategy
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
@@ -35,7 +35,7 @@ from lightning_scale.callbacks import (
 )
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import AWSSpotNotice, AzureScheduledEvents, GCPPreemptionNotice, SignalNotice
-from lightning_scale.strategies import DataParallelStrategy
+from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy
 from lightning_scale.testing.step_clock import StepClock
 
 
@@ -47,8 +47,13 @@ def _load(spec: str) -> Any:
     return target
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded (DTensor) tensor; the tensor itself otherwise."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def _digest(tensor: torch.Tensor) -> str:
-    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(_local(tensor).detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def _batch_digest(batch: Any) -> str:
@@ -160,10 +165,11 @@ def _wandb_logger(save_dir: str | None) -> WandbLogger | bool:
     return WandbLogger(save_dir=save_dir, offline=True, project="runner") if save_dir else False
 
 
-def _strategy(name: str) -> DDPStrategy:
-    """``ddp`` or ``data_parallel``; a collective that hangs fails with a traceback instead of waiting forever."""
-    cls = DataParallelStrategy if name == "data_parallel" else DDPStrategy
-    return cls(timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S))
+def _strategy(name: str, kwargs: dict[str, Any]) -> Strategy:
+    """``ddp``, ``data_parallel`` or ``model_parallel``; a collective that hangs fails with a traceback instead of
+    waiting forever."""
+    classes = {"ddp": DDPStrategy, "data_parallel": DataParallelStrategy, "model_parallel": ModelParallelStrategy}
+    return classes[name](timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S), **kwargs)
 
 
 def main(config_path: str) -> None:
@@ -205,7 +211,9 @@ def main(config_path: str) -> None:
         accelerator="cpu",
         devices=devices,
         num_nodes=config.get("num_nodes", 1),
-        strategy=_strategy(config.get("strategy", "ddp")) if config.get("distributed", devices > 1) else "auto",
+        strategy=_strategy(config.get("strategy", "ddp"), config.get("strategy_kwargs", {}))
+        if config.get("distributed", devices > 1)
+        else "auto",
         max_steps=config["steps"],
         callbacks=callbacks,
         logger=_wandb_logger(config.get("wandb_dir")),
@@ -214,7 +222,7 @@ def main(config_path: str) -> None:
         **config["trainer_kwargs"],
     )
     trainer.fit(model, datamodule=datamodule, ckpt_path="last" if stock else None)
-    weights = {name: tensor.detach().cpu() for name, tensor in trainer.lightning_module.state_dict().items()}
+    weights = {name: _local(tensor).detach().cpu() for name, tensor in trainer.lightning_module.state_dict().items()}
     torch.save(weights, out_dir / f"final_rank{trainer.global_rank}.pt")
     for tracker in (cb for cb in trainer.callbacks if isinstance(cb, CostTracker)):
         report = tracker.report(trainer.global_step).metrics()

@@ -96,6 +96,8 @@ def assert_exact_resume(
     checkpoint_every: int | None = None,
     seed: int = 0,
     trainer_kwargs: dict[str, Any] | None = None,
+    strategy: Literal["ddp", "data_parallel", "model_parallel"] = "ddp",
+    strategy_kwargs: dict[str, Any] | None = None,
     checkpoint: Literal["resumable", "stock"] = "resumable",
     trace_params: bool = True,
     workdir: str | Path | None = None,
@@ -116,6 +118,9 @@ def assert_exact_resume(
         checkpoint_every: Checkpoint every this many steps (default: ``interrupt_at``).
         seed: Seed passed to ``seed_everything`` in both runs.
         trainer_kwargs: Extra JSON-serialisable ``Trainer`` arguments (e.g. ``{"limit_val_batches": 0}``).
+        strategy: ``ddp`` (Lightning's), ``data_parallel`` or ``model_parallel`` (lightning-scale's) when
+            ``devices > 1``.
+        strategy_kwargs: JSON-serialisable arguments of that strategy (e.g. ``{"zero_stage": 1}``).
         checkpoint: ``"resumable"`` uses :class:`~lightning_scale.callbacks.ResumableCheckpoint` with auto-resume;
             ``"stock"`` uses Lightning's ``ModelCheckpoint`` and ``ckpt_path="last"`` (to show the difference).
         trace_params: Record a digest of every parameter at every step, to name the first diverging tensor.
@@ -141,6 +146,8 @@ def assert_exact_resume(
         checkpoint_every=checkpoint_every,
         seed=seed,
         trainer_kwargs=trainer_kwargs,
+        strategy=strategy,
+        strategy_kwargs=strategy_kwargs,
         checkpoint=checkpoint,
         trace_params=trace_params,
         workdir=workdir,
@@ -162,6 +169,8 @@ def run_interrupted_and_reference(
     checkpoint_every: int | None = None,
     seed: int = 0,
     trainer_kwargs: dict[str, Any] | None = None,
+    strategy: Literal["ddp", "data_parallel", "model_parallel"] = "ddp",
+    strategy_kwargs: dict[str, Any] | None = None,
     checkpoint: Literal["resumable", "stock"] = "resumable",
     trace_params: bool = True,
     workdir: str | Path | None = None,
@@ -191,6 +200,8 @@ def run_interrupted_and_reference(
         "checkpoint": checkpoint,
         "checkpoint_every": every,
         "trainer_kwargs": trainer_kwargs or {},
+        "strategy": strategy,
+        "strategy_kwargs": strategy_kwargs or {},
         "trace_params": trace_params,
         "sys_path": [p for p in sys.path if p],
     }

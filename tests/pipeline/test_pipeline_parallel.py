@@ -2,42 +2,23 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.jobs import run_json_job
 from tests.pipeline.stack_model import StackModel, loader
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 
 
 def run_job(tmp_path: Path, name: str, devices: int = 1, expect_failure: bool = False, **config) -> dict:
-    out = tmp_path / name
-    out.mkdir(parents=True, exist_ok=True)
     # the same batches in the same order as one process: no sampler injected (one pipeline replica reads it all)
-    config = {"out": str(out), "steps": STEPS, "devices": devices, "use_distributed_sampler": False, **config}
-    (out / "config.json").write_text(json.dumps(config))
-    runner = ["-m", "tests.pipeline.job", str(out / "config.json")]
-    if devices > 1:
-        runner = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}", *runner]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, *runner], env=env, capture_output=True, text=True, timeout=240)
-    if expect_failure:
-        assert done.returncode != 0
-        return {"log": done.stdout + done.stderr}
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads((out / "result.json").read_text())
-    result["weights"] = torch.load(out / "weights.pt", weights_only=True)
-    result["log"] = done.stdout + done.stderr
-    return result
+    config = {"steps": STEPS, "devices": devices, "use_distributed_sampler": False, **config}
+    return run_json_job("tests.pipeline.job", tmp_path / name, config, devices, expect_failure)
 
 
 def assert_close(pipeline: dict, reference: dict, rtol: float = 1e-5, steps: int = STEPS) -> None:

@@ -1,0 +1,122 @@
+"""One 2-process data-parallel benchmark job (run under torchrun by benchmarks/data_parallel_step.py).
+
+python benchmarks/_data_parallel_job.py VARIANT STEPS OUT.json
+VARIANT: raw (a torch DDP loop), ddp (Lightning's), data_parallel, zero1, fp16, powersgd (lightning-scale's).
+Writes rank 0's median seconds per step, the bytes each rank holds for training, and the all-reduced payload bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale import distributed
+from lightning_scale.data_parallel import training_state_bytes
+from lightning_scale.strategies import DataParallelStrategy
+
+WARMUP = 10
+POWERSGD = {"grad_compression": "powersgd", "powersgd_rank": 2, "powersgd_warmup_steps": 2}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "data_parallel": {},
+    "zero1": {"zero_stage": 1},
+    "fp16": {"grad_compression": "fp16"},
+    "powersgd": POWERSGD,
+}
+
+
+def median_step(ends: list[float]) -> float:
+    return statistics.median(b - a for a, b in zip(ends[WARMUP:], ends[WARMUP + 1 :], strict=False))
+
+
+class StepEnds(pl.Callback):
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+
+def payload_bytes(variant: str, model: torch.nn.Module, strategy: Any) -> float:
+    """Bytes each rank all-reduces per step: fp32 gradients, half of that in fp16, PowerSGD's measured ratio."""
+    full = sum(p.numel() for p in model.parameters() if p.requires_grad) * 4
+    if variant == "fp16":
+        return full / 2
+    if variant == "powersgd":  # after warm-up; torch counts the elements it compressed and sent
+        state = strategy._hook.state
+        return full * state.total_numel_after_compression / max(1, state.total_numel_before_compression)
+    return float(full)
+
+
+def lightning_run(variant: str, steps: int) -> dict[str, Any]:
+    ends = StepEnds()
+    strategy = DDPStrategy() if variant == "ddp" else DataParallelStrategy(**VARIANTS[variant])
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, callbacks=[ends], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )  # fmt: skip
+    model = CharTransformer(dropout=0.0)
+    trainer.fit(model, datamodule=CharDataModule(batch_size=8))
+    memory = training_state_bytes(model, trainer.optimizers)
+    return {
+        "step_s": median_step(ends.ends),
+        "memory": memory,
+        "payload_bytes": payload_bytes(variant, model, strategy),
+    }
+
+
+def raw_run(steps: int) -> dict[str, Any]:
+    torch.distributed.init_process_group("gloo")
+    data = CharDataModule(batch_size=8)
+    data.setup("fit")
+    model = CharTransformer(dropout=0.0)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=model.hparams.lr)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.9)
+    ends: list[float] = []
+    loader = data.train_dataloader()
+    epoch, batches = 0, iter(loader)
+    for _ in range(steps):
+        batch = next(batches, None)
+        if batch is None:  # a new epoch, as Lightning's loop would start it
+            epoch += 1
+            loader.sampler.set_epoch(epoch)
+            batches = iter(loader)
+            batch = next(batches)
+        logits = ddp(batch["x"])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch["y"].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        ends.append(time.perf_counter())
+    memory = training_state_bytes(model, [optimizer])
+    return {"step_s": median_step(ends), "memory": memory, "payload_bytes": payload_bytes("raw", model, None)}
+
+
+def main() -> None:
+    variant, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    torch.set_num_threads(1)
+    pl.seed_everything(0, verbose=False)
+    result = raw_run(steps) if variant == "raw" else lightning_run(variant, steps)
+    ranks = distributed.all_gather_object(result)
+    if distributed.rank() == 0:
+        Path(out).write_text(json.dumps({"step_s": ranks[0]["step_s"], "memory": [r["memory"] for r in ranks],
+                                         "payload_bytes": ranks[0]["payload_bytes"]}))  # fmt: skip
+    distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Data parallel step time and memory: ``data_parallel`` (plain, ZeRO-1, fp16, PowerSGD) vs Lightning's ``ddp`` vs a
+raw torch DDP loop, on the example transformer, 2 CPU processes (gloo, 1 thread each). Variants interleaved within
+each repeat; medians (min-max) of the per-run median step. Also: the bytes each rank holds for training (parameters,
+gradients, optimizer state, from tensor sizes) and the gradient payload each rank all-reduces per step. Writes
+``benchmarks/results/data_parallel_step.json``.
+
+    .venv/bin/python benchmarks/data_parallel_step.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine_info, spread
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = Path(__file__).resolve().parent / "_data_parallel_job.py"
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGET = 1.02  # data_parallel / ddp step time
+
+
+def run(variant: str, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        command = [*launcher, str(JOB), variant, str(steps), str(out)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"{variant} job failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one repeat, three variants (smoke test)")
+    parser.add_argument("--out", default=str(RESULTS / "data_parallel_step.json"))
+    args = parser.parse_args()
+    variants = ["raw", "ddp", "data_parallel"] + ([] if args.quick else ["zero1", "fp16", "powersgd"])
+    repeats, steps = (1, 20) if args.quick else (5, 80)
+
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    for _ in range(repeats):  # interleaved: drift on a shared machine hits every variant alike
+        for variant in variants:
+            runs[variant].append(run(variant, steps))
+    table = {}
+    for variant, results in runs.items():
+        ratios = [r["step_s"] / d["step_s"] for r, d in zip(results, runs["ddp"], strict=True)]
+        table[variant] = {
+            "step_s": spread([r["step_s"] for r in results]),
+            "over_ddp": spread(ratios),  # paired within each repeat
+            "memory_per_rank": results[0]["memory"],
+            "payload_bytes_per_step": results[-1]["payload_bytes"],
+        }
+    ratio = table["data_parallel"]["over_ddp"]["median"]
+    print(f"data parallel, example transformer, 2 processes (gloo), {repeats} repeats, {steps} steps; medians")
+    print(
+        f"{'variant':>14} {'ms/step':>8} {'(min-max)':>15} {'/ ddp':>6} {'optimizer B/rank':>17} {'payload B/step':>15}"
+    )
+    for variant, row in table.items():
+        s = row["step_s"]
+        low_high = f"{s['min'] * 1e3:.2f}-{s['max'] * 1e3:.2f}"
+        print(
+            f"{variant:>14} {s['median'] * 1e3:8.2f} {low_high:>15} "
+            f"{row['over_ddp']['median']:6.3f} {max(m['optimizer'] for m in row['memory_per_rank']):17,} "
+            f"{row['payload_bytes_per_step']:15,.0f}"
+        )
+    print(
+        f"data_parallel / ddp step time: {ratio:.3f} (target <= {TARGET}: {'holds' if ratio <= TARGET else 'MISSED'})"
+    )
+    config = {"repeats": repeats, "steps": steps, "variants": variants, "quick": args.quick}
+    Path(args.out).write_text(json.dumps({"machine": machine_info(), "config": config, "table": table}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""Model parallel building blocks: the automatic FSDP2 sharding policy and the default tensor-parallel plan
+(no Lightning imports)."""
+
+from lightning_scale.model_parallel.policy import (
+    ShardingPolicyError,
+    apply_fsdp,
+    apply_tensor_parallel,
+    default_tensor_parallel_plan,
+    sharding_units,
+)
+
+__all__ = [
+    "ShardingPolicyError",
+    "apply_fsdp",
+    "apply_tensor_parallel",
+    "default_tensor_parallel_plan",
+    "sharding_units",
+]

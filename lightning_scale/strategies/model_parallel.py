@@ -1,0 +1,120 @@
+"""``model_parallel``: FSDP2 sharding (+ optional tensor parallelism) for a plain LightningModule, on CPU and GPU."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.strategies import ModelParallelStrategy as LightningModelParallelStrategy
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
+
+from lightning_scale import distributed
+from lightning_scale.model_parallel import (
+    apply_fsdp,
+    apply_tensor_parallel,
+    default_tensor_parallel_plan,
+    sharding_units,
+)
+
+__all__ = ["ModelParallelStrategy"]
+
+log = logging.getLogger(__name__)
+
+
+class ModelParallelStrategy(LightningModelParallelStrategy):
+    """FSDP2 over data-parallel ranks, tensor parallelism within groups, registered as ``model_parallel``.
+
+    Lightning's ``ModelParallelStrategy`` needs a hand-written ``configure_model``; this one shards a plain
+    LightningModule itself (a user's ``configure_model`` still wins):
+
+    - FSDP2 (``fully_shard``) on each block of every ``nn.ModuleList`` (or, without one, each child holding at least
+      ``min_params_to_shard`` parameters), then on the LightningModule: parameters, gradients and optimizer state are
+      split across the ``data_parallel`` ranks.
+    - With ``tensor_parallel_size > 1``, ranks form a ``(data_parallel, tensor_parallel)`` mesh; inside each block,
+      MLPs (two chained ``nn.Linear`` in an ``nn.Sequential``) are split column- then row-wise across the
+      ``tensor_parallel`` ranks, or as the LightningModule's ``tensor_parallel_plan()`` says (``{module name:
+      ParallelStyle}`` for ``parallelize_module``). Modules outside the plan are replicated on those ranks.
+    - Checkpoints are Lightning's for this strategy: with ``save_distributed_checkpoint=True`` (default) a directory
+      of shards written by every rank through ``torch.distributed.checkpoint``, which loads on another world size
+      (resharding) and consolidates into one file with :func:`lightning_scale.checkpoint.consolidate_checkpoint`.
+    - Under ``torchrun --max-restarts`` the process group survives restarts, as with ``data_parallel``.
+
+    Args:
+        tensor_parallel_size: Ranks per tensor-parallel group; must divide the world size (the rest is data parallel).
+        min_params_to_shard: Without an ``nn.ModuleList``, children below this many parameters stay in the root unit.
+        save_distributed_checkpoint: A directory of shards (``True``) or one file assembled on rank 0 (``False``).
+        process_group_backend: ``gloo`` or ``nccl`` (default: by device).
+        **kwargs: ``timeout`` of collectives.
+
+    Example:
+        >>> import lightning_scale  # registers the strategy
+        >>> strategy = ModelParallelStrategy(tensor_parallel_size=2)
+    """
+
+    strategy_name = "model_parallel"
+
+    def __init__(
+        self,
+        tensor_parallel_size: int = 1,
+        min_params_to_shard: int = 100_000,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size={tensor_parallel_size} must be >= 1 (--trainer.strategy.tensor_parallel_size)."
+            )
+        if min_params_to_shard < 1:
+            raise ValueError(f"min_params_to_shard={min_params_to_shard} must be >= 1.")
+        super().__init__(
+            data_parallel_size=1,  # set from the world size once it is known
+            tensor_parallel_size=tensor_parallel_size,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            **kwargs,
+        )
+        self.tensor_parallel_size = tensor_parallel_size
+        self.min_params_to_shard = min_params_to_shard
+
+    @override
+    def setup_environment(self) -> None:
+        self.set_world_ranks()
+        if self.world_size % self.tensor_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} does not divide the world size {self.world_size}; "
+                "choose a divisor (--trainer.strategy.tensor_parallel_size), the rest becomes data parallel."
+            )
+        self._data_parallel_size = self.world_size // self.tensor_parallel_size
+        distributed.init_process_group_per_attempt(
+            self._get_process_group_backend(), self.global_rank, self.world_size, self._timeout
+        )
+        super().setup_environment()  # Lightning keeps a group that already exists and builds the device mesh
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        module = self.lightning_module
+        if is_overridden("configure_model", module):  # the user parallelised the model: Lightning's behaviour
+            super().setup(trainer)
+            return
+        self._parallelize(module)
+        module.configure_model = lambda: None  # type: ignore[method-assign]  # Lightning's setup insists on one
+        try:
+            super().setup(trainer)
+        finally:
+            del module.configure_model
+
+    def _parallelize(self, module: pl.LightningModule) -> None:
+        units = sharding_units(module, self.min_params_to_shard)
+        mesh = self.device_mesh
+        if self.tensor_parallel_size > 1:
+            plan_hook = getattr(module, "tensor_parallel_plan", None)
+            plan = plan_hook() if callable(plan_hook) else default_tensor_parallel_plan(module, units)
+            apply_tensor_parallel(module, mesh["tensor_parallel"], plan)
+            rank_zero_info(f"model_parallel: tensor parallel over {self.tensor_parallel_size} ranks: {sorted(plan)}")
+        apply_fsdp(module, units, mesh["data_parallel"])
+        names = ", ".join(name for name, _ in units)
+        rank_zero_info(f"model_parallel: FSDP2 over {self._data_parallel_size} ranks, units: {names} and the root")

@@ -1,0 +1,76 @@
+"""data_parallel and model_parallel from LightningCLI on 2 processes (Lightning's own launcher); bad arguments
+refused early."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_scale.strategies import DataParallelStrategy
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_steps=4", "--trainer.logger=false",
+          "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0"]  # fmt: skip
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--trainer.strategy=data_parallel"],
+        [
+            "--trainer.strategy=lightning_scale.strategies.DataParallelStrategy",
+            "--trainer.strategy.zero_stage=1",
+            "--trainer.strategy.grad_compression=powersgd",
+            "--trainer.strategy.powersgd_warmup_steps=2",
+            "--trainer.precision=bf16-mixed",
+        ],
+        ["--trainer.strategy=model_parallel"],
+        [
+            "--trainer.strategy=lightning_scale.strategies.ModelParallelStrategy",
+            "--trainer.strategy.tensor_parallel_size=2",
+        ],
+    ],
+    ids=["data-parallel", "data-parallel-init-args-bf16-mixed", "model-parallel", "model-parallel-tensor-parallel"],
+)
+def test_lightning_cli_trains_with_the_strategy(tmp_path, args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "tests.parallel.cli",
+        "fit",
+        *COMMON,
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    done = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "`Trainer.fit` stopped: `max_steps=4` reached." in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"zero_stage": 2},
+            r"zero_stage=2: data_parallel shards the optimizer state \(1\) or not \(0\).*model_parallel",
+        ),
+        ({"grad_compression": "int8"}, r"grad_compression='int8' is not one of \['none', 'fp16', 'bf16', 'powersgd'\]"),
+        ({"grad_compression": "fp16", "ddp_comm_hook": print}, r"either grad_compression or ddp_comm_hook"),
+    ],
+)
+def test_bad_arguments_are_refused_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DataParallelStrategy(**kwargs)
+
+
+def test_bad_powersgd_settings_are_refused_at_construction_with_the_argument_to_change():
+    with pytest.raises(ValueError, match=r"powersgd_warmup_steps=1 must be >= 2"):
+        DataParallelStrategy(grad_compression="powersgd", powersgd_warmup_steps=1)
+    with pytest.raises(ValueError, match=r"powersgd_rank=0 must be >= 1"):
+        DataParallelStrategy(grad_compression="powersgd", powersgd_rank=0)

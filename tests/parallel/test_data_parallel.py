@@ -1,0 +1,70 @@
+"""data_parallel on 2 CPU processes (torchrun, gloo) against Lightning's stock ddp on the example transformer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_scale.testing import assert_exact_resume
+from tests import factories
+from tests.parallel.helpers import STEPS, relative, run_job
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+
+def test_zero_stage_1_matches_stock_ddp_with_a_shard_of_the_optimizer_state_and_accumulates_without_all_reduce(
+    tmp_path, stock_ddp
+):
+    ckpt = tmp_path / "zero.ckpt"
+    zero = run_job(
+        tmp_path, "zero", strategy_kwargs={"zero_stage": 1}, accumulate=2, count_allreduce=True, save_to=str(ckpt)
+    )
+    assert len(zero["losses"]) == 2 * STEPS and relative(zero["losses"], stock_ddp["losses"]) <= 1e-5
+    # accumulating batches make no all-reduce call; the batch that steps reduces once per gradient bucket
+    calls = [b - a for a, b in zip([0, *zero["allreduce_calls"]], zero["allreduce_calls"], strict=False)]
+    assert calls[0::2] == [0] * STEPS and min(calls[1::2]) >= 1 and len(set(calls[1::2])) == 1
+    # optimizer state per rank: ~1/2 of DDP's (ZeRO balances whole parameters), and the two shards make the whole
+    ddp_bytes = stock_ddp["memory"][0]["optimizer"]
+    shards = [rank["optimizer"] for rank in zero["memory"]]
+    assert max(shards) <= 0.6 * ddp_bytes and sum(shards) == ddp_bytes
+    # the consolidated state resumes on one process, sharded (zero 1 on a world of 1) or not
+    saved = torch.load(ckpt, weights_only=True)["optimizer_states"][0]["state"]
+    expected = float(sum(t.double().sum() for per in saved.values() for name, t in per.items() if name != "step"))
+    for kwargs in ({"zero_stage": 1}, {"zero_stage": 0}):
+        one = run_job(tmp_path, f"one-{kwargs['zero_stage']}", devices=1, strategy_kwargs=kwargs,
+                      steps=STEPS + 1, resume_from=str(ckpt))  # fmt: skip
+        assert one["restored_state_sum"] == pytest.approx(expected, rel=1e-12)
+        assert len(one["losses"]) == 1  # and it trains on
+
+
+def test_fp16_and_powersgd_compression_act_on_cpu_and_stay_close_to_uncompressed(tmp_path, stock_ddp):
+    fp16 = run_job(tmp_path, "fp16", strategy_kwargs={"grad_compression": "fp16"}, accumulate=2)
+    powersgd = run_job(
+        tmp_path, "powersgd", accumulate=2,
+        strategy_kwargs={"grad_compression": "powersgd", "powersgd_rank": 2, "powersgd_warmup_steps": 2},
+    )  # fmt: skip
+    for compressed in (fp16, powersgd):  # the hook is in effect (Lightning's own ddp_comm_hook is not, on CPU) ...
+        assert compressed["weights"]["head.weight"].ne(stock_ddp["weights"]["head.weight"]).any()
+    assert relative(fp16["losses"], stock_ddp["losses"]) <= 1e-3  # ... and fp16 is close to uncompressed
+    assert relative(powersgd["losses"][:4], stock_ddp["losses"][:4]) <= 1e-5  # plain all-reduce while warming up
+    assert powersgd["losses"][-1] < powersgd["losses"][0]  # low-rank updates still train
+
+
+def test_bf16_compression_on_gloo_is_refused_before_training_with_the_fix(tmp_path):
+    failed = run_job(tmp_path, "bf16", strategy_kwargs={"grad_compression": "bf16"}, expect_failure=True)
+    assert "grad_compression='bf16' needs the nccl backend" in failed["log"]
+    assert "'fp16' or 'powersgd'" in failed["log"]
+
+
+def test_zero_stage_1_with_powersgd_resumes_bitwise_equal_to_the_uninterrupted_run(tmp_path):
+    """ZeRO's consolidated optimizer state and PowerSGD's error feedback, warm start and RNG survive a SIGKILL."""
+    assert_exact_resume(
+        factories.model,
+        factories.data_workers0,
+        steps=12,
+        interrupt_at=6,
+        workdir=tmp_path,
+        trainer_kwargs={"limit_val_batches": 0},
+        strategy="data_parallel",
+        strategy_kwargs={"zero_stage": 1, "grad_compression": "powersgd", "powersgd_warmup_steps": 2},
+    )

@@ -1,0 +1,40 @@
+"""The automatic FSDP2 units and the default tensor-parallel plan, on plain modules (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from examples.char_transformer import CharTransformer
+from lightning_scale.model_parallel import ShardingPolicyError, default_tensor_parallel_plan, sharding_units
+from lightning_scale.strategies import ModelParallelStrategy
+
+
+def test_each_block_of_a_module_list_is_a_unit_and_its_mlp_is_split_column_then_row():
+    model = CharTransformer(n_layers=3)
+    units = sharding_units(model, min_params=10**9)  # a ModuleList wins over the size rule
+    assert [name for name, _ in units] == ["blocks.0", "blocks.1", "blocks.2"]
+    plan = default_tensor_parallel_plan(model, units)
+    assert sorted(plan) == [f"blocks.{i}.mlp.{j}" for i in range(3) for j in (0, 2)]
+    assert isinstance(plan["blocks.1.mlp.0"], ColwiseParallel) and isinstance(plan["blocks.1.mlp.2"], RowwiseParallel)
+
+
+def test_without_a_module_list_large_children_are_units_and_a_norm_between_linears_is_not_an_mlp():
+    model = nn.Sequential(nn.Linear(64, 64), nn.Sequential(nn.Linear(64, 8), nn.LayerNorm(8), nn.Linear(8, 64)))
+    assert [name for name, _ in sharding_units(model, min_params=1000)] == ["0", "1"]
+    assert default_tensor_parallel_plan(model, [("1", model[1])]) == {}
+
+
+def test_a_model_with_nothing_to_shard_is_refused_with_the_fix():
+    with pytest.raises(ShardingPolicyError, match=r"min_params_to_shard=1000.*largest has 12.*configure_model"):
+        sharding_units(nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3)), min_params=1000)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"tensor_parallel_size": 0}, r"tensor_parallel_size=0 must be >= 1"), ({"min_params_to_shard": 0}, r">= 1")],
+)
+def test_bad_arguments_are_refused_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelParallelStrategy(**kwargs)
