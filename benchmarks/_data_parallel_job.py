@@ -1,7 +1,7 @@
 """One 2-process data-parallel benchmark job (run under torchrun by benchmarks/data_parallel_step.py).
 
 python benchmarks/_data_parallel_job.py VARIANT STEPS OUT.json
-VARIANT: raw (a torch DDP loop), ddp (Lightning's), data_parallel, zero1, fp16, powersgd (lightning-scale's).
+VARIANT: raw (a torch DDP loop), ddp (Lightning's), data_parallel, zero1, fp16, powersgd, fsdp (lightning-scale's).
 Writes rank 0's median seconds per step, the bytes each rank holds for training, and the all-reduced payload bytes.
 """
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
 from lightning_scale.data_parallel import training_state_bytes
-from lightning_scale.strategies import DataParallelStrategy
+from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy
 
 WARMUP = 10
 POWERSGD = {"grad_compression": "powersgd", "powersgd_rank": 2, "powersgd_warmup_steps": 2}
@@ -49,7 +49,10 @@ class StepEnds(pl.Callback):
 
 
 def payload_bytes(variant: str, model: torch.nn.Module, strategy: Any) -> float:
-    """Bytes each rank all-reduces per step: fp32 gradients, half of that in fp16, PowerSGD's measured ratio."""
+    """Bytes each rank all-reduces per step: fp32 gradients, half of that in fp16, PowerSGD's measured ratio (FSDP2
+    all-gathers parameters and reduce-scatters gradients instead: not comparable, reported as 0)."""
+    if variant == "fsdp":
+        return 0.0
     full = sum(p.numel() for p in model.parameters() if p.requires_grad) * 4
     if variant == "fp16":
         return full / 2
@@ -61,7 +64,10 @@ def payload_bytes(variant: str, model: torch.nn.Module, strategy: Any) -> float:
 
 def lightning_run(variant: str, steps: int) -> dict[str, Any]:
     ends = StepEnds()
-    strategy = DDPStrategy() if variant == "ddp" else DataParallelStrategy(**VARIANTS[variant])
+    if variant == "fsdp":  # model_parallel: FSDP2 on each transformer block and the root
+        strategy: Any = ModelParallelStrategy(min_params_to_shard=1000)
+    else:
+        strategy = DDPStrategy() if variant == "ddp" else DataParallelStrategy(**VARIANTS[variant])
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, callbacks=[ends], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,

@@ -1,12 +1,11 @@
 """Gradient compression for DDP: torch's communication hooks by name, and PowerSGD state that resumes exactly.
 
-The hooks are torch's own (``fp16_compress_hook``, ``bf16_compress_hook``, ``powerSGD_hook``); this module chooses
-one and checks it against the backend before training. PowerSGD keeps running state per DDP *bucket* (error
-feedback, warm-start matrices) laid out in the bucket's parameter order, and DDP lays buckets out differently in a
-process's first iteration than after it rebuilds them. :class:`PowerSGDHook` therefore re-lays that state out when a
-bucket's parameters change, and saves it per parameter (as tensors and numbers ``torch.load(weights_only=True)``
-reads), so a resumed run continues the compression exactly.
-"""
+The hooks are torch's own (``fp16_compress_hook``, ``bf16_compress_hook``, ``powerSGD_hook``); off NCCL, bf16 runs
+under another name, since DDP refuses torch's by name although gloo all-reduces bfloat16. PowerSGD keeps running
+state per DDP *bucket* (error feedback, warm-start matrices) laid out in the bucket's parameter order, and DDP lays
+buckets out differently in a process's first iteration than after it rebuilds them. :class:`PowerSGDHook` therefore
+re-lays that state out when a bucket's parameters change, and saves it per parameter (as tensors and numbers
+``torch.load(weights_only=True)`` reads), so a resumed run continues the compression exactly."""
 
 from __future__ import annotations
 
@@ -149,6 +148,15 @@ class CompressionHook:
     powersgd: PowerSGDHook | None = None  # PowerSGD's own state, for checkpoints
 
 
+def bf16_hook(process_group, bucket):  # no annotations: DDP checks them
+    """torch's bf16 compression (cast to bfloat16, divide by the world size, all-reduce, cast back) on any backend.
+
+    DDP refuses torch's own ``bf16_compress_hook`` off NCCL (by its name), yet gloo all-reduces bfloat16 fine; this is
+    the same computation under another name.
+    """
+    return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
+
+
 def check_powersgd_settings(powersgd_rank: int, powersgd_warmup_steps: int) -> None:
     """Raise ``ValueError`` naming the argument when PowerSGD would reject a setting."""
     if powersgd_rank < 1:
@@ -165,21 +173,16 @@ def compression_hook(
 ) -> CompressionHook | None:
     """The hook for ``compression`` on ``backend`` (``None`` for ``none``).
 
-    Raises ``ValueError`` naming the fix for an unknown name, bf16 on a backend other than nccl (torch's bf16 hook
-    needs CUDA and NCCL >= 2.10), or PowerSGD settings it would reject.
+    Raises ``ValueError`` naming the fix for an unknown name or PowerSGD settings it would reject.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"grad_compression={compression!r} is not one of {list(COMPRESSIONS)}.")
     if compression == "none":
         return None
-    if compression == "bf16" and backend != "nccl":
-        raise ValueError(
-            f"grad_compression='bf16' needs the nccl backend (CUDA, NCCL >= 2.10); this run uses {backend!r}. Use "
-            "grad_compression='fp16' or 'powersgd' there (--trainer.strategy.grad_compression)."
-        )
-    if compression in ("fp16", "bf16"):
-        hook = default_hooks.fp16_compress_hook if compression == "fp16" else default_hooks.bf16_compress_hook
-        return CompressionHook(state=None, hook=hook)  # state None: the default process group
+    if compression == "fp16":
+        return CompressionHook(state=None, hook=default_hooks.fp16_compress_hook)  # state None: the default group
+    if compression == "bf16":
+        return CompressionHook(state=None, hook=default_hooks.bf16_compress_hook if backend == "nccl" else bf16_hook)
     check_powersgd_settings(powersgd_rank, powersgd_warmup_steps)
     state = powerSGD_hook.PowerSGDState(
         process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=powersgd_warmup_steps

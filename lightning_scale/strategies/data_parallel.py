@@ -35,7 +35,7 @@ class DataParallelStrategy(DDPStrategy):
     - ``zero_stage=1``: the optimizer state is sharded across the ranks (torch's ``ZeroRedundancyOptimizer`` around
       the optimizer ``configure_optimizers`` returns; LR schedulers follow it). Checkpoints hold the consolidated
       state, so they resume on another world size, with or without ZeRO.
-    - ``grad_compression``: ``fp16`` or ``bf16`` (gradients all-reduced in half precision; bf16 needs nccl) or
+    - ``grad_compression``: ``fp16`` or ``bf16`` (gradients all-reduced in half precision, on gloo too) or
       ``powersgd`` (low-rank, error feedback; its state is saved with the optimizer state so resume is exact on the
       same world size), registered on the DDP module on CPU and GPU alike (Lightning's ``ddp_comm_hook`` argument
       acts on CUDA only).

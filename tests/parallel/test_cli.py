@@ -34,9 +34,15 @@ COMMON = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_ste
         [
             "--trainer.strategy=lightning_scale.strategies.ModelParallelStrategy",
             "--trainer.strategy.tensor_parallel_size=2",
+            "--trainer.precision=bf16-mixed",
         ],
     ],
-    ids=["data-parallel", "data-parallel-init-args-bf16-mixed", "model-parallel", "model-parallel-tensor-parallel"],
+    ids=[
+        "data-parallel",
+        "data-parallel-init-args-bf16-mixed",
+        "model-parallel",
+        "model-parallel-tensor-parallel-bf16-mixed",
+    ],
 )
 def test_lightning_cli_trains_with_the_strategy(tmp_path, args):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -11,7 +11,9 @@ from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import consolidate_checkpoint
 from lightning_scale.strategies import ModelParallelStrategy
 from lightning_scale.testing import assert_exact_resume
+from lightning_scale.testing.exact_resume import _attempt, _job
 from tests import factories
+from tests.jobs import ROOT
 from tests.parallel.helpers import STEPS, relative, run_job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
@@ -89,3 +91,33 @@ def test_resumable_checkpoint_refuses_a_sharded_save_before_training_with_the_fi
     checkpoint = ResumableCheckpoint(str(tmp_path))
     with pytest.raises(ValueError, match=r"directory of shards\. Pass save_distributed_checkpoint=False"):
         checkpoint.setup(trainer, CharTransformer(), "fit")
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_world_is_refused_before_training(tmp_path):
+    failed = run_job(tmp_path, "tp3", strategy="model_parallel", strategy_kwargs={"tensor_parallel_size": 3},
+                     expect_failure=True)  # fmt: skip
+    assert "tensor_parallel_size=3 does not divide the world size 2" in failed["log"]
+    assert not (tmp_path / "tp3" / "result.json").exists()
+
+
+def test_a_spot_notice_on_one_rank_saves_exits_and_torchrun_restarts_it_to_the_same_end(tmp_path):
+    """SIGTERM on rank 1 -> SpotPreemption saves at the next step on both ranks, exits 143, torchrun restarts the
+    workers (a fresh process group per attempt), ResumableCheckpoint resumes: rank 0's shards end bitwise equal."""
+    config = {
+        "model_factory": "tests.factories:model", "datamodule_factory": "tests.factories:data_workers0",
+        "steps": 12, "devices": 2, "seed": 0, "checkpoint": "resumable", "checkpoint_every": 100,
+        "trainer_kwargs": {"limit_val_batches": 0}, "trace_params": False, "sys_path": [str(ROOT)],
+        "interrupt_at": None, "spot_preemption": {}, "strategy": "model_parallel",
+        "strategy_kwargs": {"min_params_to_shard": 1000, "save_distributed_checkpoint": False},
+    }  # fmt: skip
+    reference = _job(tmp_path / "reference", config)
+    _attempt(reference, 300, expect="finish")
+    faults = [{"restart": 0, "step": 5, "rank": 1, "signal": "SIGTERM"}]
+    job = _job(tmp_path / "job", {**config, "faults": faults, "max_restarts": 1})
+    _attempt(job, 300, expect="finish")
+    log = (tmp_path / "job" / "log.txt").read_text()
+    assert "Preempted at step 6 (SIGTERM)" in log and "failed (exitcode: 143)" in log
+    assert log.count("Auto-resuming from") == 1
+    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
+    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
