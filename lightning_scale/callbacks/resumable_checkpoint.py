@@ -20,10 +20,16 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed
-from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset, writes_sharded_checkpoints
+from lightning_scale._lightning_internals import (
+    dump_checkpoint,
+    restore_from_when_unset,
+    trainer_logs_this_step,
+    writes_sharded_checkpoints,
+)
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
+from lightning_scale.checkpoint.cadence import AutoCadence
 from lightning_scale.checkpoint.manifest import (
     PREVIOUS_SUFFIX,
     Manifest,
@@ -49,7 +55,10 @@ class ResumableCheckpoint(ModelCheckpoint):
     ``trainer.fit(ckpt_path="last")`` keep working. On top of it:
 
     - **triggers**: every ``every_n_train_steps`` and/or every ``every_n_minutes`` of wall time; the time decision is
-      a vote of all ranks at the same step, so no rank saves alone and none waits forever;
+      a vote of all ranks at the same step, so no rank saves alone and none waits forever. ``every_n_minutes="auto"``
+      with ``mean_time_between_interruptions_hours`` saves at the Young/Daly optimum ``sqrt(2 C M)`` for the
+      measured save time ``C`` (median of the last 5 saves; 10 s assumed before the first) and that mean time ``M``,
+      re-evaluated after every save and logged as ``checkpoint/interval_minutes`` with ``checkpoint/save_seconds``;
     - **atomic**: each file is written under a temporary name, flushed (``fsync`` on local disk), renamed, and then
       vouched for by ``<name>.manifest.json`` holding its size and sha256; a partial or corrupt checkpoint is never
       chosen for resume, the newest valid one is, with a warning naming the bad file. A name that already holds a
@@ -74,7 +83,9 @@ class ResumableCheckpoint(ModelCheckpoint):
         monitor: Metric to rank checkpoints by, as in ``ModelCheckpoint``; ``None`` keeps the newest ones.
         mode: ``"min"`` or ``"max"`` for ``monitor``.
         every_n_train_steps: Save every this many optimizer steps.
-        every_n_minutes: Save when this many minutes of wall time passed since the last save (> 0).
+        every_n_minutes: Save when this many minutes of wall time passed since the last save (> 0), or ``"auto"``.
+        mean_time_between_interruptions_hours: Expected hours between interruptions (e.g. from the spot market's
+            interruption rate), for ``every_n_minutes="auto"``.
         every_n_epochs: Save every this many epochs (default: every epoch when no other trigger is set).
         keep_last_k: Keep this many newest checkpoints of this run (``None`` keeps all). Used when ``monitor`` is
             ``None``.
@@ -92,6 +103,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         >>> trainer = Trainer(callbacks=[checkpoint], logger=False, enable_progress_bar=False)
     """
 
+    METRIC_KEYS = ("checkpoint/interval_minutes", "checkpoint/save_seconds")
+
     def __init__(
         self,
         dirpath: str | None = None,
@@ -99,7 +112,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
         every_n_train_steps: int | None = None,
-        every_n_minutes: float | None = None,
+        every_n_minutes: float | Literal["auto"] | None = None,
+        mean_time_between_interruptions_hours: float | None = None,
         every_n_epochs: int | None = None,
         keep_last_k: int | None = 3,
         save_top_k: int = 1,
@@ -109,7 +123,18 @@ class ResumableCheckpoint(ModelCheckpoint):
         wandb_resume: bool = True,
         verbose: bool = False,
     ) -> None:
-        if every_n_minutes is not None and not every_n_minutes > 0:
+        auto = every_n_minutes == "auto"
+        if auto != (mean_time_between_interruptions_hours is not None):
+            raise ValueError(
+                "every_n_minutes='auto' and mean_time_between_interruptions_hours go together: the interval comes "
+                "from the save cost and that mean time (e.g. ResumableCheckpoint(every_n_minutes='auto', "
+                "mean_time_between_interruptions_hours=6))."
+            )
+        if auto and not mean_time_between_interruptions_hours > 0:  # type: ignore[operator]
+            raise ValueError(
+                f"mean_time_between_interruptions_hours={mean_time_between_interruptions_hours} must be > 0."
+            )
+        if every_n_minutes is not None and not auto and not every_n_minutes > 0:  # type: ignore[operator]
             raise ValueError(
                 f"every_n_minutes={every_n_minutes} must be > 0; use None to save on steps or epochs only "
                 "(ResumableCheckpoint(every_n_minutes=...))."
@@ -134,6 +159,8 @@ class ResumableCheckpoint(ModelCheckpoint):
             every_n_epochs=0 if only_time else every_n_epochs,
         )
         self.every_n_minutes = every_n_minutes
+        self.mean_time_between_interruptions_hours = mean_time_between_interruptions_hours
+        self._cadence = AutoCadence(mean_time_between_interruptions_hours * 3600.0) if auto else None  # type: ignore[operator]
         self.keep_last_k = keep_last_k
         self.auto_resume = auto_resume
         self.data_state = data_state
@@ -266,14 +293,23 @@ class ResumableCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if self.every_n_minutes is None:
             return
+        interval = self._interval_seconds()
+        if self._cadence is not None and trainer_logs_this_step(trainer):
+            pl_module.log("checkpoint/interval_minutes", interval / 60.0, on_step=True, on_epoch=False)
+            pl_module.log("checkpoint/save_seconds", self._cadence.save_seconds, on_step=True, on_epoch=False)
         elapsed = self._clock() - self._last_save_time
-        if not distributed.any_rank(elapsed >= timedelta(minutes=self.every_n_minutes).total_seconds()):
+        if not distributed.any_rank(elapsed >= interval):
             return
         self._last_save_time = self._clock()  # also when top-k declines, so the next try is a full interval away
         if not self._should_skip_saving_checkpoint(trainer):
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
+
+    def _interval_seconds(self) -> float:
+        if self._cadence is not None:
+            return self._cadence.interval_seconds()
+        return timedelta(minutes=float(self.every_n_minutes)).total_seconds()  # type: ignore[arg-type]
 
     def newest_valid_checkpoint(self) -> str | None:
         """Path of the newest valid checkpoint in ``dirpath`` (``None``: none); call on every rank (rank 0 looks)."""
@@ -294,7 +330,7 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        started = time.monotonic()
+        started = self._clock()
         name = self._name_in_dir(filepath)
         temporary = f".{name}{PARTIAL_SUFFIX}"
         checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers data state
@@ -305,7 +341,16 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         self._last_save_time = self._clock()
-        self.last_save_seconds = time.monotonic() - started
+        self.last_save_seconds = self._last_save_time - started
+        if self._cadence is not None:
+            before = self._cadence.interval_seconds()
+            self._cadence.record(self.last_save_seconds)
+            if abs(self._cadence.interval_seconds() - before) > 0.1 * before:
+                rank_zero_info(
+                    f"ResumableCheckpoint: saving every {self._cadence.interval_seconds() / 60:.1f} min (save "
+                    f"{self._cadence.save_seconds:.2f} s, {self.mean_time_between_interruptions_hours} h between "
+                    "interruptions; Young/Daly)"
+                )
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))

@@ -116,6 +116,9 @@ def test_unwritable_dirpath_fails_before_training(tmp_path, tiny_trainer_kwargs)
         ({"every_n_minutes": -1.5}, r"every_n_minutes=-1.5 must be > 0"),
         ({"keep_last_k": 0}, r"keep_last_k=0 must be >= 1"),
         ({"filename": "a/{step}"}, r"must not contain '/'"),
+        ({"every_n_minutes": "auto"}, r"every_n_minutes='auto' and mean_time_between_interruptions_hours go together"),
+        ({"mean_time_between_interruptions_hours": 6}, r"go together"),
+        ({"every_n_minutes": "auto", "mean_time_between_interruptions_hours": 0}, r"hours=0 must be > 0"),
     ],
 )
 def test_bad_arguments_are_refused_at_construction(kwargs, message):
@@ -141,6 +144,37 @@ def test_every_n_minutes_saves_on_wall_time(tmp_path, tiny_trainer_kwargs):
     trainer = Trainer(max_steps=7, callbacks=[clock, checkpoint], **tiny_trainer_kwargs)
     trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
     assert ckpt_names(tmp_path) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt"]
+
+
+class SlowSaves(Callback):
+    """Each save costs ``seconds`` on the fake clock (it runs while the checkpoint is being built)."""
+
+    def __init__(self, clock: AdvanceClock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.clock.now += self.seconds
+
+
+def test_auto_cadence_saves_at_the_young_daly_interval_of_the_measured_save_cost(tmp_path, tiny_trainer_kwargs):
+    clock = AdvanceClock()  # 30 s per step
+    mtbi_hours = 90.0**2 / (2 * 4.0) / 3600  # with 4 s saves, sqrt(2 C M) = 90 s = 3 steps
+    checkpoint = ResumableCheckpoint(
+        dirpath=str(tmp_path),
+        every_n_minutes="auto",
+        mean_time_between_interruptions_hours=mtbi_hours,
+        keep_last_k=None,
+    )
+    checkpoint._clock = lambda: clock.now
+    seed_everything(0)
+    trainer = Trainer(max_steps=14, callbacks=[clock, SlowSaves(clock, 4.0), checkpoint], log_every_n_steps=1,
+                      **tiny_trainer_kwargs)  # fmt: skip
+    trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
+    # the first save waits for the assumed 10 s cost (sqrt(2 * 10 * M) = 142 s, step 5); then every 90 s (3 steps)
+    assert set(ckpt_names(tmp_path)) == {f"epoch=0-step={s}.ckpt" for s in (5, 8, 11, 14)}
+    assert checkpoint.last_save_seconds == 4.0
+    assert float(trainer.callback_metrics["checkpoint/interval_minutes"]) == pytest.approx(1.5, rel=0.05)
+    assert float(trainer.callback_metrics["checkpoint/save_seconds"]) == 4.0
 
 
 def test_ckpt_path_last_picks_the_newest_valid_checkpoint(tmp_path, tiny_trainer_kwargs):
