@@ -42,7 +42,13 @@ class CheckpointStore:
 
     def __init__(self, dirpath: str) -> None:
         self.dirpath = str(dirpath)
-        self.fs, self.root = fsspec.core.url_to_fs(self.dirpath)
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.dirpath)
+        except (ValueError, ImportError) as err:  # an unknown scheme, or a known one whose package is missing
+            raise CheckpointStorageError(
+                f"Cannot open dirpath={self.dirpath!r}: {err}. Use a local path or an fsspec URL whose filesystem is "
+                "installed (s3:// needs s3fs, gs:// gcsfs, az:// adlfs)."
+            ) from err
         self.root = self.root.rstrip("/") or "/"
         self.is_local = isinstance(self.fs, LocalFileSystem)
 

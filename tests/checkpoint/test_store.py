@@ -130,3 +130,9 @@ def test_check_writable_under_a_regular_file_raises_an_error_naming_the_dirpath(
     assert isinstance(info.value, OSError)
     assert info.value.__cause__ is not None
     assert fs.cat(f"{root}/not-a-directory") == b"a regular file"
+
+
+@pytest.mark.parametrize(("url", "cause"), [("foo://bucket/run", "Protocol not known: foo"), ("gs://b/run", "gcsfs")])
+def test_an_unknown_scheme_or_a_missing_filesystem_package_names_the_fix(url, cause):
+    with pytest.raises(CheckpointStorageError, match=rf"Cannot open dirpath='{url}'.*{cause}.*s3:// needs s3fs"):
+        CheckpointStore(url)
