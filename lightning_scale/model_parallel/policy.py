@@ -5,8 +5,13 @@
   whatever is left (embeddings, norms, heads), as torchtitan applies ``fully_shard``.
 - Tensor-parallel plan: inside each unit, two consecutive ``nn.Linear`` in an ``nn.Sequential`` whose widths chain
   (``first.out_features == second.in_features``) with only parameter-free modules between them (an MLP) become
-  column-parallel then row-parallel: one all-reduce per MLP, and the same result as unsplit. Attention and every other
-  module stay replicated across the tensor-parallel ranks unless a user plan says otherwise.
+  column-parallel then row-parallel: one all-reduce per MLP, and the same result as unsplit. An attention module built
+  from separate query/key/value ``nn.Linear`` children (named ``q``/``q_proj``/``wq``/``query``, and alike for key and
+  value) and an output one (``o``/``o_proj``/``wo``/``out_proj``) gets its query/key/value column-parallel (each rank
+  computes a share of the heads) and its output row-parallel; its forward must take the number of heads from the
+  projection's width (``view(batch, seq, -1, head_dim)``), as torchtitan's models do. Fused projections
+  (``nn.MultiheadAttention``, a single ``qkv`` Linear) and every other module stay replicated across the
+  tensor-parallel ranks unless a user plan says otherwise.
 """
 
 from __future__ import annotations
@@ -71,16 +76,41 @@ def _mlp_pairs(sequential: nn.Sequential) -> list[tuple[str, str]]:
     return pairs
 
 
+_ATTENTION_NAMES = {
+    "q": ("q", "q_proj", "wq", "query"),
+    "k": ("k", "k_proj", "wk", "key"),
+    "v": ("v", "v_proj", "wv", "value"),
+    "o": ("o", "o_proj", "wo", "out_proj"),
+}
+
+
+def _attention_projections(module: nn.Module) -> dict[str, str] | None:
+    """``{"q": child name, "k": ..., "v": ..., "o": ...}`` when ``module`` has separate Linear projections."""
+    linears = {name: child for name, child in module.named_children() if isinstance(child, nn.Linear)}
+    found = {}
+    for role, names in _ATTENTION_NAMES.items():
+        match = [name for name in names if name in linears]
+        if len(match) != 1:
+            return None
+        found[role] = match[0]
+    return found
+
+
 def default_tensor_parallel_plan(module: nn.Module, units: list[tuple[str, nn.Module]]) -> dict[str, Any]:
     """``{module name: ColwiseParallel() | RowwiseParallel()}`` for ``parallelize_module(module, tp_mesh, plan)``."""
     plan: dict[str, Any] = {}
     for unit_name, unit in units:
         for name, child in unit.named_modules():
+            prefix = ".".join(part for part in (unit_name, name) if part)
             if isinstance(child, nn.Sequential):
-                prefix = ".".join(part for part in (unit_name, name) if part)
                 for first, second in _mlp_pairs(child):
                     plan[f"{prefix}.{first}"] = ColwiseParallel()
                     plan[f"{prefix}.{second}"] = RowwiseParallel()
+            projections = _attention_projections(child)
+            if projections is not None:
+                for role in ("q", "k", "v"):
+                    plan[f"{prefix}.{projections[role]}"] = ColwiseParallel()
+                plan[f"{prefix}.{projections['o']}"] = RowwiseParallel()
     return plan
 
 
@@ -89,8 +119,8 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh: Any, plan: dict[str, Any])
     if not plan:
         raise ShardingPolicyError(
             f"tensor parallelism found nothing to split in {type(module).__name__}: no nn.Sequential with two chained "
-            "nn.Linear inside its blocks. Define tensor_parallel_plan() on the LightningModule, or use "
-            "tensor_parallel_size=1."
+            "nn.Linear and no attention with separate q/k/v/o nn.Linear inside its blocks. Define "
+            "tensor_parallel_plan() on the LightningModule, or use tensor_parallel_size=1."
         )
     parallelize_module(module, tp_mesh, plan)
 

@@ -75,7 +75,12 @@ def main(config_path: str) -> None:
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         accumulate_grad_batches=config.get("accumulate", 1),
     )  # fmt: skip
-    model = Model(dropout=0.0)
+    if config.get("linear_attention"):
+        from tests.parallel.models import LinearAttentionModel
+
+        model: Model = LinearAttentionModel(dropout=0.0)
+    else:
+        model = Model(dropout=0.0)
     trainer.fit(model, datamodule=CharDataModule(batch_size=8), ckpt_path=config.get("resume_from"))
     if config.get("save_to"):
         trainer.save_checkpoint(config["save_to"])

@@ -57,10 +57,14 @@ def test_a_one_process_checkpoint_resumes_on_two(tmp_path):
     assert len(one["losses"]) == STEPS and len(two["losses"]) == 1
 
 
-def test_tensor_parallel_mlps_match_one_process(tmp_path):
+@pytest.mark.parametrize("linear_attention", [False, True], ids=["mlps", "mlps-and-attention-heads"])
+def test_tensor_parallel_matches_one_process(tmp_path, linear_attention):
     """tp=2, dp=1: both ranks hold one model replica, so they read the same batches as one process does."""
-    one = run_job(tmp_path, "one", devices=1, strategy="ddp", accumulate=2)
-    tp = run_job(tmp_path, "tp", strategy="model_parallel", strategy_kwargs={"tensor_parallel_size": 2}, accumulate=2)
+    one = run_job(tmp_path, "one", devices=1, strategy="ddp", accumulate=2, linear_attention=linear_attention)
+    tp = run_job(tmp_path, "tp", strategy="model_parallel", strategy_kwargs={"tensor_parallel_size": 2}, accumulate=2,
+                 linear_attention=linear_attention)  # fmt: skip
+    if linear_attention:
+        assert "blocks.0.attn.q_proj" in tp["log"] and "blocks.0.attn.o_proj" in tp["log"]  # the plan, as announced
     assert relative(tp["losses"], one["losses"]) <= 1e-5
     for name, tensor in one["weights"].items():  # relative to each tensor's norm: float32 rounding, nothing more
         ours = tp["weights"][name]

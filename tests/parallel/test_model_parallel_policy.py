@@ -38,3 +38,14 @@ def test_a_model_with_nothing_to_shard_is_refused_with_the_fix():
 def test_bad_arguments_are_refused_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ModelParallelStrategy(**kwargs)
+
+
+def test_attention_with_separate_projections_is_split_by_heads():
+    from tests.parallel.models import LinearAttentionModel
+
+    model = LinearAttentionModel(n_layers=2)
+    plan = default_tensor_parallel_plan(model, sharding_units(model, min_params=1))
+    for role, style in (("q_proj", ColwiseParallel), ("k_proj", ColwiseParallel), ("v_proj", ColwiseParallel),
+                        ("o_proj", RowwiseParallel)):  # fmt: skip
+        assert isinstance(plan[f"blocks.1.attn.{role}"], style)
+    assert len(plan) == 2 * (4 + 2)  # attention and MLP of each block
