@@ -75,10 +75,14 @@ def main(config_path: str) -> None:
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         accumulate_grad_batches=config.get("accumulate", 1),
     )  # fmt: skip
-    if config.get("linear_attention"):
+    if config.get("user_configure_model"):
+        from tests.parallel.models import UserShardedModel
+
+        model: Model = UserShardedModel(dropout=0.0)
+    elif config.get("linear_attention"):
         from tests.parallel.models import LinearAttentionModel
 
-        model: Model = LinearAttentionModel(dropout=0.0)
+        model = LinearAttentionModel(dropout=0.0)
     else:
         model = Model(dropout=0.0)
     trainer.fit(model, datamodule=CharDataModule(batch_size=8), ckpt_path=config.get("resume_from"))

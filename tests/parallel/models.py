@@ -1,10 +1,11 @@
-"""The example transformer with attention built from separate q/k/v/o Linear layers (as torchtitan's models are),
-so tensor parallelism can split attention heads as well as MLPs."""
+"""Variants of the example transformer for model_parallel tests: attention built from separate q/k/v/o Linear layers
+(as torchtitan's models are), and a module that shards itself in configure_model."""
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.fsdp import fully_shard
 
 from tests.parallel.job import Model
 
@@ -39,3 +40,11 @@ class LinearAttentionModel(Model):
         super().__init__(**kwargs)
         d_model, n_heads = self.hparams.d_model, self.hparams.n_heads
         self.blocks = nn.ModuleList([Block(d_model, n_heads) for _ in range(self.hparams.n_layers)])
+
+
+class UserShardedModel(Model):
+    """Shards itself as one FSDP2 unit in configure_model: the strategy must apply nothing of its own."""
+
+    def configure_model(self) -> None:
+        fully_shard(self, mesh=self.device_mesh["data_parallel"])
+        print(f"user configure_model ran on rank {self.global_rank}")

@@ -125,3 +125,10 @@ def test_a_spot_notice_on_one_rank_saves_exits_and_torchrun_restarts_it_to_the_s
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
     expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+
+
+def test_a_users_configure_model_wins_over_the_automatic_policy(tmp_path, stock_ddp):
+    user = run_job(tmp_path, "user", strategy="model_parallel", accumulate=2, user_configure_model=True)
+    assert "user configure_model ran on rank 0" in user["log"]
+    assert "model_parallel: FSDP2 over" not in user["log"]  # the automatic policy stayed out
+    assert relative(user["losses"], stock_ddp["losses"]) <= 1e-5
