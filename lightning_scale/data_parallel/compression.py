@@ -44,6 +44,8 @@ class PowerSGDHook:
         self._index: dict[int, int] = {}  # parameter data_ptr -> position in module.parameters()
         self._layouts: dict[int, Layout] = {}  # bucket index -> the layout its state is in
         self._pieces: dict[int, dict[str, Tensor]] = {}  # parameter index -> its error / P / Q, between layouts
+        self._iteration = 0  # DDP iterations seen (one ends with the bucket that is_last())
+        self._reduced_in: dict[int, int] = {}  # bucket index -> the iteration it was last reduced in
 
     def bind(self, parameters: Iterable[Tensor]) -> None:
         self._index = {p.data_ptr(): i for i, p in enumerate(parameters)}
@@ -64,10 +66,18 @@ class PowerSGDHook:
             for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
         )
         if self._layouts.get(index) != layout:
-            self._pieces.update(self._split_all())
-            self._clear()
-            self._assemble(index, layout)
+            # DDP rebuilt its buckets (or state came from a checkpoint): take apart the state of every bucket not yet
+            # reduced in this iteration (their parameters may now sit in this one; the others may have callbacks in
+            # flight and keep their layout), then lay this bucket's parameters out in its order
+            stale = [i for i in self._layouts if self._reduced_in.get(i) != self._iteration]
+            self._pieces.update(self._split(stale))
+            for i in stale:
+                self._drop(i)
+            self._assemble(index, layout, bucket.buffer().device)
             self._layouts[index] = layout
+        self._reduced_in[index] = self._iteration
+        if bucket.is_last():
+            self._iteration += 1
         return powerSGD_hook.powerSGD_hook(state, bucket)
 
     def state_dict(self) -> dict[str, Any]:
@@ -76,7 +86,9 @@ class PowerSGDHook:
         rng = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
                "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}  # fmt: skip
         counters = {name: int(getattr(self.state, name)) for name in _COUNTERS}
-        return {"pieces": {**self._pieces, **self._split_all()}, "rng": rng, **counters}
+        pieces = {**self._pieces, **self._split(list(self._layouts))}
+        pieces = {param: {kind: t.cpu() for kind, t in kinds.items()} for param, kinds in pieces.items()}
+        return {"pieces": pieces, "rng": rng, **counters}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         for name in _COUNTERS:
@@ -84,16 +96,16 @@ class PowerSGDHook:
         rng = saved["rng"]
         keys = rng["keys"].numpy().astype(np.uint32)
         self.state.rng.set_state((rng["name"], keys, rng["position"], rng["has_gauss"], rng["cached_gaussian"]))
-        self._clear()
+        for index in list(self._layouts):
+            self._drop(index)
         self._pieces = dict(saved["pieces"])  # laid out into buckets as each bucket is first reduced
 
     # ------------------------------------------------------------------------------------------------------ layout
 
-    def _clear(self) -> None:
-        self.state.error_dict.clear()
-        self.state.p_memory_dict.clear()
-        self.state.q_memory_dict.clear()
-        self._layouts.clear()
+    def _drop(self, index: int) -> None:
+        for flat in (self.state.error_dict, self.state.p_memory_dict, self.state.q_memory_dict):
+            flat.pop(index, None)
+        self._layouts.pop(index, None)
 
     def _slices(self, layout: Layout) -> dict[int, dict[str, tuple[int, int]]]:
         """Where each parameter's error, P and Q sit in the bucket's flat tensors (as ``powerSGD_hook`` lays them)."""
@@ -115,17 +127,18 @@ class PowerSGDHook:
                 p_offset, q_offset = p_offset + n * r, q_offset + m * r
         return slices
 
-    def _split_all(self) -> dict[int, dict[str, Tensor]]:
+    def _split(self, indices: list[int]) -> dict[int, dict[str, Tensor]]:
+        """Each parameter's error / P / Q out of the flat state of the buckets ``indices`` (copies)."""
         flats = {"error": self.state.error_dict, "p": self.state.p_memory_dict, "q": self.state.q_memory_dict}
         pieces: dict[int, dict[str, Tensor]] = {}
-        for index, layout in self._layouts.items():
-            for param, where in self._slices(layout).items():
+        for index in indices:
+            for param, where in self._slices(self._layouts[index]).items():
                 for kind, (start, length) in where.items():
                     if index in flats[kind]:
                         pieces.setdefault(param, {})[kind] = flats[kind][index][start : start + length].clone()
         return pieces
 
-    def _assemble(self, index: int, layout: Layout) -> None:
+    def _assemble(self, index: int, layout: Layout, device: torch.device) -> None:
         slices = self._slices(layout)
         flats = {"error": self.state.error_dict, "p": self.state.p_memory_dict, "q": self.state.q_memory_dict}
         for kind, target in flats.items():
@@ -134,7 +147,7 @@ class PowerSGDHook:
                 ((param, where[kind]) for param, where in slices.items() if kind in where), key=lambda w: w[1]
             )
             if wanted and all(kind in self._pieces.get(param, {}) for param, _ in wanted):
-                target[index] = torch.cat([self._pieces[param][kind] for param, _ in wanted])
+                target[index] = torch.cat([self._pieces[param][kind] for param, _ in wanted]).to(device)
         for param, _ in layout:
             self._pieces.pop(param, None)
 

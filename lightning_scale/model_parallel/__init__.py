@@ -6,6 +6,7 @@ from lightning_scale.model_parallel.policy import (
     apply_fsdp,
     apply_tensor_parallel,
     default_tensor_parallel_plan,
+    is_parallelized,
     sharding_units,
 )
 
@@ -14,5 +15,6 @@ __all__ = [
     "apply_fsdp",
     "apply_tensor_parallel",
     "default_tensor_parallel_plan",
+    "is_parallelized",
     "sharding_units",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "apply_fsdp",
     "apply_tensor_parallel",
     "default_tensor_parallel_plan",
+    "is_parallelized",
     "sharding_units",
 ]
 
@@ -62,10 +63,10 @@ def sharding_units(module: nn.Module, min_params: int) -> list[tuple[str, nn.Mod
 
 def _mlp_pairs(sequential: nn.Sequential) -> list[tuple[str, str]]:
     children = list(sequential.named_children())
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     for i, (first_name, first) in enumerate(children):
-        if not isinstance(first, nn.Linear):
-            continue
+        if not isinstance(first, nn.Linear) or any(first_name == second for _, second in pairs):
+            continue  # a Linear that closes one pair does not open the next (its output is replicated)
         for second_name, second in children[i + 1 :]:
             if isinstance(second, nn.Linear):
                 if first.out_features == second.in_features:
@@ -126,7 +127,13 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh: Any, plan: dict[str, Any])
 
 
 def apply_fsdp(module: nn.Module, units: list[tuple[str, nn.Module]], dp_mesh: Any) -> None:
-    """``fully_shard`` each unit, then the root (which keeps the parameters outside every unit)."""
-    for _, unit in units:
+    """``fully_shard`` each unit, innermost first (nested lists of blocks), then the root (which keeps the parameters
+    outside every unit)."""
+    for _, unit in sorted(units, key=lambda named: -named[0].count(".")):
         fully_shard(unit, mesh=dp_mesh)
     fully_shard(module, mesh=dp_mesh)
+
+
+def is_parallelized(module: nn.Module) -> bool:
+    """Whether FSDP2 was applied already (a second ``setup``, e.g. ``trainer.test`` after ``trainer.fit``)."""
+    return isinstance(module, FSDPModule)

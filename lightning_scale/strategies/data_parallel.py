@@ -127,7 +127,7 @@ class DataParallelStrategy(DDPStrategy):
         state = super().optimizer_state(optimizer)  # ZeRO: consolidated on rank 0 (a collective)
         powersgd = self._powersgd()
         if powersgd is not None and self._is_first(optimizer):
-            ranks = distributed.all_gather_object(powersgd.state_dict())  # its error feedback differs per rank
+            ranks = distributed.gather_object(powersgd.state_dict())  # on rank 0, which writes; it differs per rank
             state = {**state, _HOOK_STATE_KEY: {"world_size": self.world_size, "ranks": ranks}}
         return state
 

@@ -16,6 +16,7 @@ from lightning_scale.model_parallel import (
     apply_fsdp,
     apply_tensor_parallel,
     default_tensor_parallel_plan,
+    is_parallelized,
     sharding_units,
 )
 
@@ -100,7 +101,8 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
         if is_overridden("configure_model", module):  # the user parallelised the model: Lightning's behaviour
             super().setup(trainer)
             return
-        self._parallelize(module)
+        if not is_parallelized(module):  # fit, then test on the same Trainer: shard once
+            self._parallelize(module)
         module.configure_model = lambda: None  # type: ignore[method-assign]  # Lightning's setup insists on one
         try:
             super().setup(trainer)

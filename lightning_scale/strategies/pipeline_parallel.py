@@ -14,6 +14,7 @@ import torch.distributed.pipelining as pipelining
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -58,9 +59,10 @@ class PipelineParallelStrategy(DDPStrategy):
 
     ``predict_step`` runs forward-only too and returns the stack's output for the batch's inputs (the whole batch
     when it is not an ``(inputs, target)`` pair or ``pipeline_split_batch`` is not defined) on every rank of the
-    pipeline. A model built under ``Trainer.init_module(empty_init=True)`` lives on the meta device until the split:
-    each rank then allocates only its own blocks and initialises them with their modules' ``reset_parameters()``,
-    block ``i`` from seed ``torch.initial_seed() + i`` (rank 0's), so the weights do not depend on the layout.
+    pipeline, on the CPU. A model built under ``Trainer.init_module(empty_init=True)`` lives on the meta device
+    until the split: each rank then allocates only its own blocks and initialises them with their modules'
+    ``reset_parameters()``, block ``i`` from seed ``torch.initial_seed() + i`` (rank 0's), so the weights do not
+    depend on the layout.
 
     Gradient clipping by norm (``Trainer(gradient_clip_val=...)``) uses the norm over all stages' gradients.
     Checkpoints gather every stage's weights, so the saved ``state_dict`` loads strictly into the unsplit module on
@@ -364,6 +366,8 @@ class PipelineParallelStrategy(DDPStrategy):
             inputs = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 else batch
         with self.precision_plugin.predict_step_context():
             output = self._pipeline("predict", inputs if isinstance(inputs, tuple) else (inputs,))
+        # on the CPU: a tensor pickled on one GPU would unpickle onto the same device index in every other process
+        output = apply_to_collection(output, Tensor, lambda t: t.cpu())
         return distributed.broadcast_object(output, self._last_stage_rank(), group=self._mesh.get_group("pp"))
 
     # ------------------------------------------------------------------------------------------ checkpoints

@@ -49,3 +49,19 @@ def test_attention_with_separate_projections_is_split_by_heads():
                         ("o_proj", RowwiseParallel)):  # fmt: skip
         assert isinstance(plan[f"blocks.1.attn.{role}"], style)
     assert len(plan) == 2 * (4 + 2)  # attention and MLP of each block
+
+
+def test_a_three_layer_mlp_alternates_column_and_row_and_nested_blocks_are_sharded_innermost_first(monkeypatch):
+    import lightning_scale.model_parallel.policy as policy
+
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 8))
+    plan = default_tensor_parallel_plan(mlp, [("mlp", mlp)])
+    assert sorted(plan) == ["mlp.0", "mlp.2"]  # the Linear closing a pair does not open the next
+    nested = nn.Module()
+    nested.blocks = nn.ModuleList([nn.ModuleList([nn.Linear(2, 2)]) for _ in range(2)])
+    units = sharding_units(nested, min_params=1)
+    assert [name for name, _ in units] == ["blocks.0", "blocks.1", "blocks.0.0", "blocks.1.0"]
+    order: list[nn.Module] = []
+    monkeypatch.setattr(policy, "fully_shard", lambda module, mesh: order.append(module))  # records the order only
+    policy.apply_fsdp(nested, units, dp_mesh=None)
+    assert order == [nested.blocks[0][0], nested.blocks[1][0], nested.blocks[0], nested.blocks[1], nested]
