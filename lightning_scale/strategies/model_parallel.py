@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,8 +20,6 @@ from lightning_scale.model_parallel import (
 )
 
 __all__ = ["ModelParallelStrategy"]
-
-log = logging.getLogger(__name__)
 
 
 class ModelParallelStrategy(LightningModelParallelStrategy):

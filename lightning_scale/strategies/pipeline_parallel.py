@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Generator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -26,7 +25,6 @@ from lightning_scale.pipeline.split import LOOPED, V_SHAPE, StagePlan, plan_stag
 
 __all__ = ["PipelineParallelStrategy"]
 
-log = logging.getLogger(__name__)
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble"]
 # name: (torch class, stages per rank it needs by default, how stages map to ranks, several stages per rank)

@@ -13,7 +13,7 @@ from lightning_scale.strategies import ModelParallelStrategy
 from lightning_scale.testing import assert_exact_resume
 from lightning_scale.testing.exact_resume import _attempt, _job
 from tests import factories
-from tests.jobs import ROOT
+from tests.multiprocess.test_spot_preemption import base_config
 from tests.parallel.helpers import STEPS, relative, run_job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
@@ -108,12 +108,12 @@ def test_a_spot_notice_on_one_rank_saves_exits_and_torchrun_restarts_it_to_the_s
     """SIGTERM on rank 1 -> SpotPreemption saves at the next step on both ranks, exits 143, torchrun restarts the
     workers (a fresh process group per attempt), ResumableCheckpoint resumes: rank 0's shards end bitwise equal."""
     config = {
-        "model_factory": "tests.factories:model", "datamodule_factory": "tests.factories:data_workers0",
-        "steps": 12, "devices": 2, "seed": 0, "checkpoint": "resumable", "checkpoint_every": 100,
-        "trainer_kwargs": {"limit_val_batches": 0}, "trace_params": False, "sys_path": [str(ROOT)],
-        "interrupt_at": None, "spot_preemption": {}, "strategy": "model_parallel",
+        **base_config(12),  # the spot-preemption tests' job, under model_parallel
+        "datamodule_factory": "tests.factories:data_workers0",
+        "checkpoint_every": 100,
+        "strategy": "model_parallel",
         "strategy_kwargs": {"min_params_to_shard": 1000, "save_distributed_checkpoint": False},
-    }  # fmt: skip
+    }
     reference = _job(tmp_path / "reference", config)
     _attempt(reference, 300, expect="finish")
     faults = [{"restart": 0, "step": 5, "rank": 1, "signal": "SIGTERM"}]
