@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -15,6 +16,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
@@ -29,6 +31,7 @@ from lightning_scale._lightning_internals import (
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
+from lightning_scale.checkpoint.background import BackgroundWriter, host_copy
 from lightning_scale.checkpoint.cadence import AutoCadence
 from lightning_scale.checkpoint.manifest import (
     PREVIOUS_SUFFIX,
@@ -59,6 +62,11 @@ class ResumableCheckpoint(ModelCheckpoint):
       with ``mean_time_between_interruptions_hours`` saves at the Young/Daly optimum ``sqrt(2 C M)`` for the
       measured save time ``C`` (median of the last 5 saves; 10 s assumed before the first) and that mean time ``M``,
       re-evaluated after every save and logged as ``checkpoint/interval_minutes`` with ``checkpoint/save_seconds``;
+    - **asynchronous**: with ``async_save=True`` training is blocked only while the state is gathered and copied to
+      host memory; rank 0 then writes, uploads and publishes it on a background thread. At most one state is in
+      flight: the next save (and the end of fit) waits for the previous one. A background save that fails is reported
+      at once and never published, so the previous valid checkpoint stays the one to resume from, and training goes
+      on; ``save_now`` (preemption) waits for the save in flight, then saves synchronously;
     - **atomic**: each file is written under a temporary name, flushed (``fsync`` on local disk), renamed, and then
       vouched for by ``<name>.manifest.json`` holding its size and sha256; a partial or corrupt checkpoint is never
       chosen for resume, the newest valid one is, with a warning naming the bad file. A name that already holds a
@@ -87,6 +95,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         mean_time_between_interruptions_hours: Expected hours between interruptions (e.g. from the spot market's
             interruption rate), for ``every_n_minutes="auto"``.
         every_n_epochs: Save every this many epochs (default: every epoch when no other trigger is set).
+        async_save: Write checkpoints on a background thread; training waits only for a host-memory copy of the
+            state. ``C`` of the automatic cadence is then that blocked time.
         keep_last_k: Keep this many newest checkpoints of this run (``None`` keeps all). Used when ``monitor`` is
             ``None``.
         save_top_k: With ``monitor`` set, keep this many best checkpoints.
@@ -115,6 +125,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         every_n_minutes: float | Literal["auto"] | None = None,
         mean_time_between_interruptions_hours: float | None = None,
         every_n_epochs: int | None = None,
+        async_save: bool = False,
         keep_last_k: int | None = 3,
         save_top_k: int = 1,
         save_last: bool | Literal["link"] | None = None,
@@ -161,6 +172,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.every_n_minutes = every_n_minutes
         self.mean_time_between_interruptions_hours = mean_time_between_interruptions_hours
         self._cadence = AutoCadence(mean_time_between_interruptions_hours * 3600.0) if auto else None  # type: ignore[operator]
+        self.async_save = async_save
         self.keep_last_k = keep_last_k
         self.auto_resume = auto_resume
         self.data_state = data_state
@@ -173,7 +185,14 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._clock: Callable[[], float] = time.monotonic
         self._last_save_time = 0.0
         self.last_save_seconds: float | None = None
-        """Wall time of the latest save, from building the state to the published manifest."""
+        """Wall time of the latest finished save, from building the state to the published manifest."""
+        self.last_blocked_seconds: float | None = None
+        """Time training waited for the latest save (with ``async_save``: gathering and copying the state)."""
+        self.failed_saves = 0
+        """Background saves that failed on this rank (each was reported when it happened)."""
+        self._writer = BackgroundWriter()
+        self._staged: tuple[int, dict[str, Any] | None, dict[str, Any]] | None = None
+        self._synchronous = False
 
     @staticmethod
     def of(trainer: pl.Trainer, needed_by: str) -> ResumableCheckpoint:
@@ -229,8 +248,20 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._finish_background_saves(trainer)
+        self._writer.close()
         super().teardown(trainer, pl_module, stage)
         self._trainer = None
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._finish_background_saves(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        self._finish_background_saves(trainer)  # the save in flight holds a valid earlier state: let it land
 
     def _on_storage(self, fn: Callable[[], T], what: str = "", every_rank: bool = False) -> T:
         """Run storage work on rank 0 (or every rank) and raise ``CheckpointStorageError`` on all ranks if it fails."""
@@ -319,54 +350,128 @@ class ResumableCheckpoint(ModelCheckpoint):
     def save_now(self, trainer: pl.Trainer) -> str:
         """Save a checkpoint of the current step now, whatever the triggers say; call on every rank.
 
-        Used on preemption. Returns the checkpoint's path; when this step is already saved, returns that one.
+        Used on preemption. Returns the checkpoint's path once it is durable; when this step is already saved, returns
+        that one. With ``async_save`` it first waits for the save in flight.
         """
-        if self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved:
+        failed = self._finish_background_saves(trainer)
+        latest_failed = distributed.any_rank(self._last_checkpoint_saved in failed)  # only rank 0 writes
+        if self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved and not latest_failed:
             return self._last_checkpoint_saved
         candidates = self._monitor_candidates(trainer)
         filepath = self._get_metric_interpolated_filepath_name(candidates, trainer)
-        self._save_checkpoint(trainer, filepath)
+        self._synchronous = True
+        try:
+            self._save_checkpoint(trainer, filepath)
+        finally:
+            self._synchronous, self._staged = False, None
         return filepath
 
     @override
+    def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        try:
+            super()._save_last_checkpoint(trainer, monitor_candidates)  # may reuse the state staged for top-k
+        finally:
+            self._staged = None  # the host copy lives only in the writer's queue from here on
+
+    @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if self.async_save and not self._synchronous:
+            self._save_in_background(trainer, filepath)
+            return
         started = self._clock()
         name = self._name_in_dir(filepath)
         temporary = f".{name}{PARTIAL_SUFFIX}"
         checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers data state
         what = f"Saving checkpoint {name}"
-        self._on_storage(lambda: trainer.strategy.save_checkpoint(checkpoint, self.store.url(temporary)), what, True)
-        shapes = _tensor_shapes(checkpoint["state_dict"])  # the saved model's (a pipeline's gathered stages)
-        self._on_storage(lambda: self._publish(trainer, temporary, name, shapes), what)
+        self._on_storage(lambda: self._write_on_every_rank(trainer, checkpoint, temporary), what, True)
+        fields = self._manifest_fields(trainer, checkpoint)
+        self._on_storage(lambda: self._publish(temporary, name, fields), what)
+        self._saved(trainer, filepath, started)
+        self.last_save_seconds = self.last_blocked_seconds
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    def _write_on_every_rank(self, trainer: pl.Trainer, checkpoint: dict[str, Any], temporary: str) -> None:
+        try:
+            trainer.strategy.save_checkpoint(checkpoint, self.store.url(temporary))
+        except Exception:
+            if trainer.is_global_zero:  # a full disk must not stay full of the failed save
+                with contextlib.suppress(Exception):
+                    self.store.remove(temporary)
+            raise
+
+    def _save_in_background(self, trainer: pl.Trainer, filepath: str) -> None:
+        """Stage the state in host memory (every rank takes part in gathering it) and queue rank 0's write."""
+        started = self._clock()
+        if self._staged is None or self._staged[0] != trainer.global_step:
+            self._finish_background_saves(trainer)  # at most one state in flight
+            checkpoint = dump_checkpoint(trainer, self.save_weights_only)
+            staged = host_copy(checkpoint) if trainer.is_global_zero else None
+            self._staged = (trainer.global_step, staged, self._manifest_fields(trainer, checkpoint))
+        _, staged, fields = self._staged
+        if staged is not None:
+            name, io = self._name_in_dir(filepath), trainer.strategy.checkpoint_io
+            self._writer.submit(lambda: self._write(io, staged, name, fields, started), what=filepath)
+        self._saved(trainer, filepath, started)
+
+    def _write(
+        self, io: CheckpointIO, staged: dict[str, Any], name: str, fields: dict[str, Any], started: float
+    ) -> None:
+        """Runs on the writer thread of rank 0: no collectives, no Trainer state."""
+        temporary = f".{name}{PARTIAL_SUFFIX}"
+        try:
+            io.save_checkpoint(staged, self.store.url(temporary))
+            self._publish(temporary, name, fields)
+        except Exception as err:
+            with contextlib.suppress(Exception):
+                self.store.remove(temporary)
+            rank_zero_warn(
+                f"The background save of checkpoint {name} to {self.dirpath} failed ({type(err).__name__}: {err}). "
+                "It was not published; the previous valid checkpoint stays the one to resume from. Training goes on "
+                "and the next save tries again."
+            )
+            raise
+        self.last_save_seconds = self._clock() - started
+
+    def _finish_background_saves(self, trainer: pl.Trainer) -> list[str]:
+        """Wait for this rank's saves in flight; return the paths of those that failed (reported already)."""
+        results = self._writer.wait()
+        failed = [result.what for result in results if result.error is not None]
+        self.failed_saves += len(failed)
+        if len(failed) < len(results) and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+        return failed
+
+    def _saved(self, trainer: pl.Trainer, filepath: str, started: float) -> None:
+        """Bookkeeping shared by both save paths, on every rank, once training may go on."""
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         self._last_save_time = self._clock()
-        self.last_save_seconds = self._last_save_time - started
+        self.last_blocked_seconds = self._last_save_time - started
         if self._cadence is not None:
             before = self._cadence.interval_seconds()
-            self._cadence.record(self.last_save_seconds)
+            self._cadence.record(self.last_blocked_seconds)
             if abs(self._cadence.interval_seconds() - before) > 0.1 * before:
                 rank_zero_info(
                     f"ResumableCheckpoint: saving every {self._cadence.interval_seconds() / 60:.1f} min (save "
                     f"{self._cadence.save_seconds:.2f} s, {self.mean_time_between_interruptions_hours} h between "
                     "interruptions; Young/Daly)"
                 )
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
 
-    def _publish(self, trainer: pl.Trainer, temporary: str, name: str, shapes: dict[str, list[int]]) -> None:
-        publish_checkpoint(
-            self.store,
-            temporary,
-            name,
-            global_step=trainer.global_step,
-            epoch=trainer.current_epoch,
-            run_id=str(self._run_id),
-            generation=self._generation,
-            world_size=trainer.world_size,
-            tensor_shapes=shapes,
-        )
+    def _manifest_fields(self, trainer: pl.Trainer, checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "global_step": trainer.global_step,
+            "epoch": trainer.current_epoch,
+            "run_id": str(self._run_id),
+            "generation": self._generation,
+            "world_size": trainer.world_size,
+            "tensor_shapes": _tensor_shapes(checkpoint["state_dict"]),  # the saved model's (a pipeline's gathered)
+        }
+
+    def _publish(self, temporary: str, name: str, fields: dict[str, Any]) -> None:
+        publish_checkpoint(self.store, temporary, name, **fields)
         try:
             self._apply_retention()
         except OSError as err:  # the new checkpoint is safe; an old one stays until the next save retries

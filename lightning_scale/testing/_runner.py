@@ -188,7 +188,12 @@ def main(config_path: str) -> None:
             dirpath=config["ckpt_dir"], every_n_train_steps=every, save_top_k=-1, save_last=True
         )
     else:
-        checkpoint = ResumableCheckpoint(dirpath=config["ckpt_dir"], every_n_train_steps=every, keep_last_k=None)
+        checkpoint = ResumableCheckpoint(
+            dirpath=config["ckpt_dir"],
+            every_n_train_steps=every,
+            keep_last_k=None,
+            **config.get("checkpoint_kwargs", {}),
+        )
     callbacks: list[Callback] = [*_cost_callbacks(config), _Tracer(out_dir, config["trace_params"]), checkpoint]
     if config.get("monitor"):
         callbacks.append(ModelCheckpoint(dirpath=out_dir / "best", monitor=config["monitor"], save_top_k=1))

@@ -99,6 +99,7 @@ def assert_exact_resume(
     strategy: Literal["ddp", "data_parallel", "model_parallel"] = "ddp",
     strategy_kwargs: dict[str, Any] | None = None,
     checkpoint: Literal["resumable", "stock"] = "resumable",
+    checkpoint_kwargs: dict[str, Any] | None = None,
     trace_params: bool = True,
     workdir: str | Path | None = None,
     timeout_s: float = 300.0,
@@ -123,6 +124,7 @@ def assert_exact_resume(
         strategy_kwargs: JSON-serialisable arguments of that strategy (e.g. ``{"zero_stage": 1}``).
         checkpoint: ``"resumable"`` uses :class:`~lightning_scale.callbacks.ResumableCheckpoint` with auto-resume;
             ``"stock"`` uses Lightning's ``ModelCheckpoint`` and ``ckpt_path="last"`` (to show the difference).
+        checkpoint_kwargs: Extra JSON-serialisable ``ResumableCheckpoint`` arguments (e.g. ``{"async_save": True}``).
         trace_params: Record a digest of every parameter at every step, to name the first diverging tensor.
         workdir: Directory for checkpoints, traces and logs (default: a new temporary directory).
         timeout_s: Limit for each attempt; a hang fails instead of blocking.
@@ -149,6 +151,7 @@ def assert_exact_resume(
         strategy=strategy,
         strategy_kwargs=strategy_kwargs,
         checkpoint=checkpoint,
+        checkpoint_kwargs=checkpoint_kwargs,
         trace_params=trace_params,
         workdir=workdir,
         timeout_s=timeout_s,
@@ -172,6 +175,7 @@ def run_interrupted_and_reference(
     strategy: Literal["ddp", "data_parallel", "model_parallel"] = "ddp",
     strategy_kwargs: dict[str, Any] | None = None,
     checkpoint: Literal["resumable", "stock"] = "resumable",
+    checkpoint_kwargs: dict[str, Any] | None = None,
     trace_params: bool = True,
     workdir: str | Path | None = None,
     timeout_s: float = 300.0,
@@ -198,6 +202,7 @@ def run_interrupted_and_reference(
         "devices": devices,
         "seed": seed,
         "checkpoint": checkpoint,
+        "checkpoint_kwargs": checkpoint_kwargs or {},
         "checkpoint_every": every,
         "trainer_kwargs": trainer_kwargs or {},
         "strategy": strategy,

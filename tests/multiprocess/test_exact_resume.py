@@ -55,6 +55,19 @@ def test_mid_second_epoch_resume_with_workers2_and_augmentation_keeps_that_epoch
     assert epoch1 != epoch0[: len(epoch1)]  # the resumed epoch 1 does not replay epoch 0's order
 
 
+def test_asynchronous_saves_resume_bitwise_exact_with_several_saves_in_flight_and_validation(tmp_path):
+    assert_exact_resume(
+        factories.model,
+        factories.data_workers2,
+        steps=20,
+        interrupt_at=12,
+        checkpoint_every=4,
+        checkpoint_kwargs={"async_save": True},
+        workdir=tmp_path,
+        trainer_kwargs={"val_check_interval": 6, "limit_val_batches": 2},
+    )
+
+
 def test_checkpoint_on_the_last_batch_of_an_epoch_resumes_into_the_next_epoch(tmp_path):
     report = assert_exact_resume(
         factories.model,

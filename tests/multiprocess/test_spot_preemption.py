@@ -44,6 +44,22 @@ def base_config(steps: int) -> dict:
     }
 
 
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """``run(config)``: the output directory of an uninterrupted run of ``config``, run once per module."""
+    runs: dict[str, Path] = {}
+
+    def run(config: dict) -> Path:
+        key = json.dumps(config, sort_keys=True)
+        if key not in runs:
+            out = tmp_path_factory.mktemp("reference")
+            _attempt(_job(out, config), 300, expect="finish")
+            runs[key] = out
+        return runs[key]
+
+    return run
+
+
 def assert_same_final_weights(job: Path, reference: Path) -> None:
     resumed = torch.load(job / "final_rank0.pt", weights_only=True)
     expected = torch.load(reference / "final_rank0.pt", weights_only=True)
@@ -62,16 +78,18 @@ def processes_mentioning(path: Path) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("rank", "step"),
-    [(1, 6), (0, BATCHES_PER_EPOCH + 5)],
-    ids=["rank1-only-first-epoch", "rank0-second-epoch"],
+    ("rank", "step", "async_save"),
+    [(1, 6, False), (0, BATCHES_PER_EPOCH + 5, True)],
+    ids=["rank1-only-first-epoch", "rank0-second-epoch-async-saves"],
 )
-def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(tmp_path, rank, step):
+def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(
+    tmp_path, reference_run, rank, step, async_save
+):
     steps = BATCHES_PER_EPOCH + 12
-    reference = _job(tmp_path / "reference", base_config(steps))
-    _attempt(reference, 300, expect="finish")
-
-    job = _job(tmp_path / "job", {**base_config(steps), "faults": [{"step": step, "rank": rank, "signal": "SIGTERM"}]})
+    reference = reference_run(base_config(steps))
+    config = {**base_config(steps), "checkpoint_every": 2 if async_save else 10}
+    config["checkpoint_kwargs"] = {"async_save": async_save}
+    job = _job(tmp_path / "job", {**config, "faults": [{"step": step, "rank": rank, "signal": "SIGTERM"}]})
     _attempt(job, 300, expect="failure")
     log = (tmp_path / "job" / "log.txt").read_text()
     assert "exitcode  : 143" in log and "Preempted at step" in log
@@ -84,11 +102,11 @@ def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(tmp_p
     log = (tmp_path / "job" / "log.txt").read_text()
     assert f"Resumed after a preemption: SIGTERM notice, checkpointed at step {step + 1}" in log
     traces = _traces(tmp_path / "job", 2)
-    reference_traces = _traces(tmp_path / "reference", 2)
+    reference_traces = _traces(reference, 2)
     for r in (0, 1):
         assert [rec["step"] for rec in traces[r]] == list(range(1, steps + 1))  # restarted at step + 2, none lost
         assert [rec["batch"] for rec in traces[r]] == [rec["batch"] for rec in reference_traces[r]]
-    assert_same_final_weights(tmp_path / "job", tmp_path / "reference")
+    assert_same_final_weights(tmp_path / "job", reference)
 
 
 class Metadata(http.server.BaseHTTPRequestHandler):
@@ -128,15 +146,16 @@ class Metadata(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
-def test_cloud_notice_from_a_loopback_metadata_server_stops_the_job_and_it_resumes_exactly(tmp_path, provider):
+def test_cloud_notice_from_a_loopback_metadata_server_stops_the_job_and_it_resumes_exactly(
+    tmp_path, reference_run, provider
+):
     steps = 150
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Metadata.noticed = False
     try:
         config = {**base_config(steps), "checkpoint_every": 50}
-        reference = _job(tmp_path / "reference", config)
-        _attempt(reference, 300, expect="finish")
+        reference = reference_run(config)
         urls = {f"{provider}_base_url": f"http://127.0.0.1:{server.server_address[1]}"}
         job = _job(tmp_path / "job", {**config, "spot_preemption": urls})
 
@@ -156,10 +175,10 @@ def test_cloud_notice_from_a_loopback_metadata_server_stops_the_job_and_it_resum
 
         Metadata.noticed = False  # the replacement machine has no notice pending
         _attempt(job, 300, expect="finish")
-        traces, reference_traces = _traces(tmp_path / "job", 2), _traces(tmp_path / "reference", 2)
+        traces, reference_traces = _traces(tmp_path / "job", 2), _traces(reference, 2)
         assert [r["step"] for r in traces[0]] == list(range(1, steps + 1))
         assert [r["batch"] for r in traces[1]] == [r["batch"] for r in reference_traces[1]]
-        assert_same_final_weights(tmp_path / "job", tmp_path / "reference")
+        assert_same_final_weights(tmp_path / "job", reference)
     finally:
         server.shutdown()
 
@@ -174,12 +193,11 @@ def test_sigkill_of_one_rank_ends_the_job_quickly_without_a_hang(tmp_path):
     assert manifest is None or manifest.global_step <= 8  # nothing half-written was published
 
 
-def test_two_torchrun_agents_restart_a_preempted_multi_node_job_exactly(tmp_path):
+def test_two_torchrun_agents_restart_a_preempted_multi_node_job_exactly(tmp_path, reference_run):
     """Two "nodes" (torchrun agents, 1 process each, c10d rendezvous on 127.0.0.1): SIGTERM to rank 1, both agents
     restart their worker, the job resumes at the agreed step and ends bitwise equal to an uninterrupted run."""
-    steps = 30
-    reference = _job(tmp_path / "reference", base_config(steps))
-    _attempt(reference, 300, expect="finish")
+    steps = BATCHES_PER_EPOCH + 12
+    reference = reference_run(base_config(steps))
     config = {
         **base_config(steps),
         "devices": 1,
@@ -211,9 +229,9 @@ def test_two_torchrun_agents_restart_a_preempted_multi_node_job_exactly(tmp_path
     assert "Preempted at step 11" in output and "Auto-resuming from" in output
     for rank in (0, 1):
         last_record = {r["step"]: r for r in _traces(tmp_path / "job", 2)[rank]}
-        reference_records = _traces(tmp_path / "reference", 2)[rank]
+        reference_records = _traces(reference, 2)[rank]
         assert [last_record[r["step"]]["batch"] for r in reference_records] == [r["batch"] for r in reference_records]
-    assert_same_final_weights(tmp_path / "job", tmp_path / "reference")
+    assert_same_final_weights(tmp_path / "job", reference)
 
 
 def test_a_notice_during_validation_stops_there_and_the_job_resumes_exactly(tmp_path):
