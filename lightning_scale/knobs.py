@@ -10,6 +10,9 @@ __all__ = [
     "HTTP_TIMEOUT_S",
     "LOADER_STATE_HISTORY",
     "PREEMPTION_SAVE_MARGIN",
+    "STORAGE_ATTEMPTS",
+    "STORAGE_BACKOFF_S",
+    "UPLOAD_PART_BYTES",
 ]
 
 
@@ -35,3 +38,13 @@ PREEMPTION_SAVE_MARGIN = _float("PREEMPTION_SAVE_MARGIN", 1.5)
 
 HTTP_TIMEOUT_S = _float("HTTP_TIMEOUT_S", 2.0)
 """Timeout of one request to a cloud metadata service."""
+
+STORAGE_ATTEMPTS = _int("STORAGE_ATTEMPTS", 4)
+"""Attempts of one checkpoint upload or rename while it fails transiently (connection lost, timeout)."""
+
+STORAGE_BACKOFF_S = _float("STORAGE_BACKOFF_S", 2.0)
+"""Wait before the second attempt; each further wait doubles (2, 4, 8 s by default)."""
+
+UPLOAD_PART_BYTES = _int("UPLOAD_PART_BYTES", 64 * 1024 * 1024)
+"""Part size of multipart uploads to object stores that take one (s3fs): a checkpoint of at least two parts is sent
+as parts, concurrently, and a failed part is re-sent alone."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 import uuid
 
 import fsspec
@@ -13,9 +15,11 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale import knobs
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
-from lightning_scale.checkpoint.manifest import find_newest_valid, read_manifest
+from lightning_scale.checkpoint.manifest import find_newest_valid, list_manifests, read_manifest
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
+from tests.tcp_proxy import TcpProxy
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -168,16 +172,173 @@ def test_unreachable_s3_endpoint_fails_at_fit_start_before_any_step_naming_the_d
     assert "check credentials and the endpoint" in str(info.value)
 
 
-def test_bucket_the_server_refuses_to_create_fails_at_fit_start_naming_the_dirpath(
-    s3_bucket, tmp_path, tiny_trainer_kwargs
+@pytest.mark.parametrize("bucket", ["missing-bucket", "ab"], ids=["missing", "invalid-name"])
+def test_a_bucket_that_does_not_exist_fails_at_fit_start_and_is_not_created(
+    s3_bucket, tmp_path, tiny_trainer_kwargs, bucket
 ):
-    dirpath = "s3://ab/run"  # S3 bucket names need at least 3 characters: the server refuses to create it
+    dirpath = f"s3://{bucket}/run"
     recorder = _StepRecorder()
     checkpoint = ResumableCheckpoint(dirpath=dirpath, every_n_train_steps=5)
     trainer = Trainer(max_steps=5, callbacks=[checkpoint, recorder], **tiny_trainer_kwargs)
     with pytest.raises(CheckpointStorageError) as info:
         trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
     assert repr(dirpath) in str(info.value)
-    assert "Choose a directory or bucket" in str(info.value)
+    assert "bucket or container does not exist" in str(info.value) and "Create it first" in str(info.value)
     assert recorder.steps == []
-    assert "ab" not in fsspec.filesystem("s3").ls("", refresh=True)
+    assert bucket not in fsspec.filesystem("s3").ls("", refresh=True)
+
+
+def test_missing_credentials_fail_at_fit_start_naming_them(s3_bucket, monkeypatch, tiny_trainer_kwargs):
+    for name in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]:
+        monkeypatch.delenv(name)
+    s3fs.S3FileSystem.clear_instance_cache()
+    recorder = _StepRecorder()
+    checkpoint = ResumableCheckpoint(dirpath=f"s3://{s3_bucket}/run", every_n_train_steps=5)
+    trainer = Trainer(max_steps=5, callbacks=[checkpoint, recorder], **tiny_trainer_kwargs)
+    with pytest.raises(CheckpointStorageError, match=r"NoCredentialsError: Unable to locate credentials.*credentials"):
+        trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
+    assert recorder.steps == []
+
+
+@pytest.fixture
+def s3_outage(monkeypatch, tmp_path):
+    """A bucket on a moto server reached through a ``TcpProxy`` that the test can cut and restore.
+
+    Clients give up quickly (one attempt per request, short timeouts), ``ResumableCheckpoint`` retries each upload
+    twice more 0.3 s and 0.6 s later, and uploads go in 5 MiB parts. Yields ``(proxy, bucket, s3 client)``, the client
+    talking to the server directly (not through the proxy).
+    """
+    import boto3
+
+    monkeypatch.setattr(knobs, "STORAGE_ATTEMPTS", 3)
+    monkeypatch.setattr(knobs, "STORAGE_BACKOFF_S", 0.3)
+    monkeypatch.setattr(knobs, "UPLOAD_PART_BYTES", 5 * 2**20)
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    werkzeug_log = logging.getLogger("werkzeug")
+    werkzeug_level = werkzeug_log.level
+    werkzeug_log.setLevel(logging.WARNING)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    proxy = TcpProxy(server.get_host_and_port()[1])
+    try:
+        fast = {"connect_timeout": 1, "read_timeout": 5, "retries": {"max_attempts": 1, "mode": "standard"}}
+        _point_s3_at(monkeypatch, tmp_path, f"http://127.0.0.1:{proxy.port}", config_kwargs=fast)
+        bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
+        fsspec.filesystem("s3").mkdir(bucket)
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{server.get_host_and_port()[1]}")
+        yield proxy, bucket, client
+    finally:
+        proxy.close()
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()
+        werkzeug_log.setLevel(werkzeug_level)
+
+
+class _AtStep(Callback):
+    """Calls ``fn()`` after the optimizer step that reaches global step ``step`` (before later callbacks' hooks)."""
+
+    def __init__(self, step: int, fn) -> None:
+        self.step, self.fn = step, fn
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            self.fn()
+
+
+def _fit_big(dirpath, max_steps, trainer_kwargs, callbacks=(), **checkpoint_kwargs):
+    """A fit whose checkpoints weigh ~19 MB (4 upload parts of 5 MiB), saved every 2 steps."""
+    lightning.seed_everything(0)
+    model = CharTransformer(vocab_size=64, d_model=256)
+    recorder = _StepRecorder()
+    checkpoint = ResumableCheckpoint(dirpath=dirpath, every_n_train_steps=2, keep_last_k=None, **checkpoint_kwargs)
+    trainer = Trainer(max_steps=max_steps, callbacks=[*callbacks, recorder, checkpoint], **trainer_kwargs)
+    trainer.fit(model, datamodule=CharDataModule(batch_size=8))
+    return checkpoint, recorder
+
+
+def _published_steps(dirpath: str) -> list[int]:
+    return sorted(m.global_step for m in list_manifests(CheckpointStore(dirpath))[0])
+
+
+def _assert_nothing_half_written(dirpath: str, client, bucket: str) -> None:
+    names = CheckpointStore(dirpath).names()
+    assert not [n for n in names if n.endswith(".partial") or ".tmp-" in n or "step=4" in n], names
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == [], "a failed upload left parts behind"
+
+
+def test_synchronous_save_during_an_outage_fails_cleanly_and_the_rerun_resumes_once_s3_is_back(
+    s3_outage, tiny_trainer_kwargs
+):
+    proxy, bucket, client = s3_outage
+    dirpath = f"s3://{bucket}/run"
+    cut_mid_upload = _AtStep(4, lambda: proxy.cut_after(2 * 2**20))
+    with pytest.raises(CheckpointStorageError, match=r"Saving checkpoint epoch=0-step=4\.ckpt failed.*untouched"):
+        _fit_big(dirpath, 6, tiny_trainer_kwargs, callbacks=[cut_mid_upload])
+    assert proxy.bytes_up > 2 * 2**20 and not proxy.up  # the cut came in the middle of the step-4 upload
+
+    proxy.restore()
+    assert _published_steps(dirpath) == [2]
+    newest, skipped = find_newest_valid(CheckpointStore(dirpath))
+    assert newest is not None and newest.global_step == 2 and skipped == []
+    assert len(client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])) == 1  # the process could not abort it
+
+    _, recorder = _fit_big(
+        dirpath,
+        6,
+        tiny_trainer_kwargs,
+        callbacks=[_AtStep(3, lambda: _assert_nothing_half_written(dirpath, client, bucket))],
+    )  # the same job again, with S3 back
+    assert recorder.steps == [3, 4, 5, 6]
+    assert _published_steps(dirpath) == [2, 4, 6]
+
+
+def test_asynchronous_save_during_an_outage_is_reported_training_goes_on_and_the_next_save_lands(
+    s3_outage, tiny_trainer_kwargs
+):
+    proxy, bucket, client = s3_outage
+    dirpath = f"s3://{bucket}/run"
+    checkpoints: list[ResumableCheckpoint] = []
+
+    def restore_once_the_step_4_save_gave_up() -> None:
+        while checkpoints[0].save_in_flight:
+            time.sleep(0.05)
+        proxy.restore()
+
+    callbacks = [_AtStep(4, lambda: proxy.cut_after(2 * 2**20)), _AtStep(6, restore_once_the_step_4_save_gave_up)]
+    original_init = ResumableCheckpoint.__init__
+
+    def remember(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        checkpoints.append(self)
+
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        pytest.warns(UserWarning, match=r"background save of checkpoint epoch=0-step=4\.ckpt .* failed"),
+    ):
+        patch.setattr(ResumableCheckpoint, "__init__", remember)
+        checkpoint, recorder = _fit_big(dirpath, 8, tiny_trainer_kwargs, callbacks=callbacks, async_save=True)
+    assert recorder.steps == list(range(1, 9))
+    assert checkpoint.failed_saves == 1
+    assert _published_steps(dirpath) == [2, 6, 8]
+    _assert_nothing_half_written(dirpath, client, bucket)
+    newest, skipped = find_newest_valid(CheckpointStore(dirpath))
+    assert newest is not None and newest.global_step == 8 and skipped == []
+
+
+def test_a_brief_outage_mid_multipart_upload_is_retried_and_the_checkpoint_lands_whole(
+    s3_outage, tiny_trainer_kwargs, caplog
+):
+    proxy, bucket, client = s3_outage
+
+    def brief_cut() -> None:
+        proxy.cut_after(2 * 2**20)
+        threading.Timer(0.5, proxy.restore).start()
+
+    with caplog.at_level(logging.WARNING, logger="lightning_scale.checkpoint.retry"):
+        _fit_big(f"s3://{bucket}/run", 4, tiny_trainer_kwargs, callbacks=[_AtStep(4, brief_cut)])
+    assert "attempt 2/3" in caplog.text
+    assert "partNumber=" in caplog.text, "the failed request was not the upload of one part"
+    assert _published_steps(f"s3://{bucket}/run") == [2, 4]
+    newest, skipped = find_newest_valid(CheckpointStore(f"s3://{bucket}/run"))
+    assert newest is not None and newest.global_step == 4 and skipped == []  # size and sha256 match the manifest
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []

@@ -16,7 +16,6 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
@@ -193,6 +192,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._writer = BackgroundWriter()
         self._staged: tuple[int, dict[str, Any] | None, dict[str, Any]] | None = None
         self._synchronous = False
+        self._write_failed = False
 
     @staticmethod
     def of(trainer: pl.Trainer, needed_by: str) -> ResumableCheckpoint:
@@ -279,6 +279,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         for name in self.store.names():
             if name.endswith(PARTIAL_SUFFIX):  # a save that never finished; never a checkpoint
                 self.store.remove(name)
+        self.store.abort_unfinished_uploads(PARTIAL_SUFFIX)
+        self._write_failed = False
 
     def _choose_resume_checkpoint(self, trainer: pl.Trainer) -> str | None:
         if trainer.global_step > 0:
@@ -342,6 +344,11 @@ class ResumableCheckpoint(ModelCheckpoint):
             return self._cadence.interval_seconds()
         return timedelta(minutes=float(self.every_n_minutes)).total_seconds()  # type: ignore[arg-type]
 
+    @property
+    def save_in_flight(self) -> bool:
+        """Whether a background save of this rank (``async_save``) is still being written."""
+        return self._writer.busy
+
     def newest_valid_checkpoint(self) -> str | None:
         """Path of the newest valid checkpoint in ``dirpath`` (``None``: none); call on every rank (rank 0 looks)."""
         manifest, _ = self._on_storage(lambda: find_newest_valid(self.store), "Looking for a checkpoint")
@@ -380,26 +387,14 @@ class ResumableCheckpoint(ModelCheckpoint):
             return
         started = self._clock()
         name = self._name_in_dir(filepath)
-        temporary = f".{name}{PARTIAL_SUFFIX}"
-        checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers data state
-        what = f"Saving checkpoint {name}"
-        self._on_storage(lambda: self._write_on_every_rank(trainer, checkpoint, temporary), what, True)
+        checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers the full state
         fields = self._manifest_fields(trainer, checkpoint)
-        self._on_storage(lambda: self._publish(temporary, name, fields), what)
+        self._on_storage(lambda: self._write(checkpoint, name, fields), f"Saving checkpoint {name}")
         self._saved(trainer, filepath, started)
         self.last_save_seconds = self.last_blocked_seconds
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
-
-    def _write_on_every_rank(self, trainer: pl.Trainer, checkpoint: dict[str, Any], temporary: str) -> None:
-        try:
-            trainer.strategy.save_checkpoint(checkpoint, self.store.url(temporary))
-        except Exception:
-            if trainer.is_global_zero:  # a full disk must not stay full of the failed save
-                with contextlib.suppress(Exception):
-                    self.store.remove(temporary)
-            raise
 
     def _save_in_background(self, trainer: pl.Trainer, filepath: str) -> None:
         """Stage the state in host memory (every rank takes part in gathering it) and queue rank 0's write."""
@@ -411,21 +406,30 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._staged = (trainer.global_step, staged, self._manifest_fields(trainer, checkpoint))
         _, staged, fields = self._staged
         if staged is not None:
-            name, io = self._name_in_dir(filepath), trainer.strategy.checkpoint_io
-            self._writer.submit(lambda: self._write(io, staged, name, fields, started), what=filepath)
+            name = self._name_in_dir(filepath)
+            self._writer.submit(lambda: self._write_in_background(staged, name, fields, started), what=filepath)
         self._saved(trainer, filepath, started)
 
-    def _write(
-        self, io: CheckpointIO, staged: dict[str, Any], name: str, fields: dict[str, Any], started: float
-    ) -> None:
-        """Runs on the writer thread of rank 0: no collectives, no Trainer state."""
+    def _write(self, checkpoint: dict[str, Any], name: str, fields: dict[str, Any]) -> None:
+        """Serialise ``checkpoint`` and publish it as ``name``, on rank 0: no collectives, no Trainer state."""
         temporary = f".{name}{PARTIAL_SUFFIX}"
         try:
-            io.save_checkpoint(staged, self.store.url(temporary))
+            self.store.write_with(temporary, lambda handle: torch.save(checkpoint, handle))
             self._publish(temporary, name, fields)
-        except Exception as err:
-            with contextlib.suppress(Exception):
+        except Exception:
+            self._write_failed = True
+            with contextlib.suppress(Exception):  # a full disk must not stay full of the failed save
                 self.store.remove(temporary)
+            raise
+        if self._write_failed:  # the store is back: drop what the failed write could not (no other write runs)
+            with contextlib.suppress(Exception):
+                self.store.abort_unfinished_uploads(PARTIAL_SUFFIX)
+                self._write_failed = False
+
+    def _write_in_background(self, staged: dict[str, Any], name: str, fields: dict[str, Any], started: float) -> None:
+        try:
+            self._write(staged, name, fields)
+        except Exception as err:
             rank_zero_warn(
                 f"The background save of checkpoint {name} to {self.dirpath} failed ({type(err).__name__}: {err}). "
                 "It was not published; the previous valid checkpoint stays the one to resume from. Training goes on "

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
+import io
 import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from lightning_scale import knobs
+from lightning_scale.checkpoint.retry import with_retries
 
 __all__ = ["CheckpointStorageError", "CheckpointStore"]
 
 log = logging.getLogger(__name__)
+
+
+OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+"""Protocols whose top-level directory is a bucket or container: checked, never created."""
 
 
 class CheckpointStorageError(OSError):
@@ -28,7 +36,8 @@ class CheckpointStore:
     A file is published by writing it under a temporary name, flushing it to stable storage where the filesystem
     allows (``fsync`` on local disk), and renaming it to its final name; readers never see a half-written file
     under a final name. On object stores a rename is a copy, so completeness is signalled by the manifest, which is
-    published last (see :mod:`lightning_scale.checkpoint.manifest`).
+    published last (see :mod:`lightning_scale.checkpoint.manifest`). Writes and renames are retried with exponential
+    backoff while they fail transiently (:func:`~lightning_scale.checkpoint.retry.with_retries`).
 
     Args:
         dirpath: Local directory or fsspec URL of the checkpoint directory.
@@ -51,6 +60,8 @@ class CheckpointStore:
             ) from err
         self.root = self.root.rstrip("/") or "/"
         self.is_local = isinstance(self.fs, LocalFileSystem)
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        self.is_object_store = bool(protocols & OBJECT_STORE_PROTOCOLS)
 
     def path(self, name: str) -> str:
         """The filesystem path of ``name`` inside the directory (no protocol)."""
@@ -61,15 +72,22 @@ class CheckpointStore:
         return os.path.join(self.dirpath, name) if self.is_local else f"{self.dirpath.rstrip('/')}/{name}"
 
     def check_writable(self) -> None:
-        """Create the directory and round-trip a probe file; raise :class:`CheckpointStorageError` if that fails."""
-        probe = f".write-probe-{uuid.uuid4().hex}"
+        """Round-trip a probe file (creating the directory first, but never a bucket), without retries: a wrong
+        ``dirpath`` should fail fast. Raises :class:`CheckpointStorageError` naming the problem and the fix."""
+        probe = self.path(f".write-probe-{uuid.uuid4().hex}")
         try:
-            self.fs.makedirs(self.root, exist_ok=True)
-            self.write_bytes(probe, b"ok")
-            if self.read_bytes(probe) != b"ok":
+            if not self.is_object_store:  # which have no directories; and a missing bucket is a mistake to report
+                self.fs.makedirs(self.root, exist_ok=True)
+            self.fs.pipe_file(probe, b"ok")
+            if self.fs.cat_file(probe) != b"ok":
                 raise OSError("the probe file read back differently")
-            self.fs.rm(self.path(probe))
+            self.fs.rm(probe)
         except Exception as err:
+            if isinstance(err, FileNotFoundError) and self.is_object_store:
+                raise CheckpointStorageError(
+                    f"Cannot write checkpoints to dirpath={self.dirpath!r}: its bucket or container does not exist "
+                    f"({err}). Create it first (lightning-scale does not create buckets) or fix the name in dirpath."
+                ) from err
             raise CheckpointStorageError(
                 f"Cannot write checkpoints to dirpath={self.dirpath!r} ({type(err).__name__}: {err}). "
                 "Choose a directory or bucket this job can create and write files in (dirpath=...), "
@@ -108,9 +126,43 @@ class CheckpointStore:
     def write_bytes(self, name: str, data: bytes) -> None:
         """Publish ``data`` as ``name`` atomically (temporary name, flush, rename)."""
         temporary = f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-        with self.fs.open(self.path(temporary), "wb") as handle:
-            handle.write(data)
+        self.write_with(temporary, lambda handle: handle.write(data))
         self.publish(temporary, name)
+
+    def write_with(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
+        """Create ``name`` from what ``write(handle)`` writes, durably; retried whole on transient errors.
+
+        Not atomic: write under a temporary name and :meth:`publish` it. On local disk the bytes stream into the file,
+        which is ``fsync``-ed. On an object store they are uploaded once complete: in parts of
+        :data:`knobs.UPLOAD_PART_BYTES` sent concurrently where the filesystem takes a part size (s3fs; a failed
+        multipart upload is aborted, leaving no parts behind), else in one request.
+        """
+        if self.is_local:
+
+            def stream() -> None:
+                with open(self.path(name), "wb") as handle:
+                    keeping = _KeepWriteError(handle)
+                    try:
+                        write(keeping)  # type: ignore[arg-type]
+                    except Exception as err:
+                        if keeping.error is not None and keeping.error is not err:
+                            raise keeping.error from err  # e.g. ENOSPC, which torch.save reports as "unexpected pos"
+                        raise
+                    handle.flush()
+                    os.fsync(handle.fileno())
+
+            with_retries(stream, f"Writing {self.url(name)}")
+            return
+        buffer = io.BytesIO()
+        write(buffer)
+        data = buffer.getvalue()  # no copy: the buffer is not shared
+        buffer.close()
+        with_retries(lambda: self.fs.pipe_file(self.path(name), data, **self._upload_options()), f"Uploading {name}")
+
+    def _upload_options(self) -> dict[str, Any]:
+        pipe = getattr(self.fs, "_pipe_file", self.fs.pipe_file)
+        takes_parts = "chunksize" in inspect.signature(pipe).parameters
+        return {"chunksize": knobs.UPLOAD_PART_BYTES} if takes_parts else {}
 
     def publish(self, temporary: str, name: str) -> None:
         """Make the finished file ``temporary`` durable and rename it to ``name`` (replacing any old ``name``)."""
@@ -118,13 +170,55 @@ class CheckpointStore:
             _fsync_file(self.path(temporary))
             os.replace(self.path(temporary), self.path(name))
             _fsync_file(self.root)
-        else:
+            return
+
+        def rename() -> None:
+            if not self.fs.exists(self.path(temporary)) and self.fs.exists(self.path(name)):
+                return  # an earlier attempt renamed it and lost the answer
             self.fs.mv(self.path(temporary), self.path(name))
+
+        with_retries(rename, f"Renaming {temporary} to {name}")
+
+    def abort_unfinished_uploads(self, suffix: str) -> list[str]:
+        """Abort the multipart uploads still open for files of this directory named ``*suffix``; return their names.
+
+        An upload that fails while the store is unreachable cannot abort itself, and S3 keeps (and bills) its parts
+        until someone does. Only filesystems with multipart uploads (s3fs) have any; elsewhere this returns ``[]``.
+        """
+        list_uploads, abort = getattr(self.fs, "list_multipart_uploads", None), getattr(self.fs, "abort_mpu", None)
+        if list_uploads is None or abort is None:
+            return []
+        bucket, _, prefix = self.root.strip("/").partition("/")
+        aborted = []
+        for upload in list_uploads(bucket):
+            directory, _, name = str(upload["Key"]).rpartition("/")
+            if directory == prefix and name.endswith(suffix):
+                abort(bucket, upload["Key"], upload["UploadId"])
+                aborted.append(name)
+        return aborted
 
     def remove(self, name: str) -> None:
         """Delete ``name`` if it exists."""
         if self.exists(name):
             self.fs.rm(self.path(name), recursive=True)
+
+
+class _KeepWriteError:
+    """A binary file that remembers why a write failed, for writers that replace the error with their own."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
 
 
 def _fsync_file(path: str) -> None:
