@@ -26,11 +26,13 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "broadcast_tensor_",
+    "destroy_group",
     "destroy_process_group",
     "device_mesh",
     "gather_object",
     "global_rank_in",
     "init_process_group_per_attempt",
+    "new_group",
     "on_every_rank",
     "on_rank_zero",
     "rank",
@@ -164,6 +166,20 @@ def barrier() -> None:
         dist.barrier()
 
 
+def new_group(backend: str = "gloo") -> Any:
+    """A second process group over all ranks (``None`` at world size 1), for collectives that run on another thread
+    while training uses the default one; call on every rank, in the same order."""
+    if not _group_ready() or dist.get_world_size() == 1:
+        return None
+    return dist.new_group(backend=backend)
+
+
+def destroy_group(group: Any) -> None:
+    """Tear down a group made by :func:`new_group` (``None``: nothing to do)."""
+    if group is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group(group)
+
+
 def destroy_process_group() -> None:
     """Tear down the default process group, if any, before the process exits.
 
@@ -178,8 +194,8 @@ def _failure(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def on_rank_zero(fn: Callable[[], T]) -> T:
-    """Run ``fn`` on rank 0 only and return its result on every rank.
+def on_rank_zero(fn: Callable[[], T], group: Any = None) -> T:
+    """Run ``fn`` on rank 0 only and return its result on every rank (of ``group``, which must hold rank 0).
 
     An exception in ``fn`` is raised on every rank as :class:`RankFailedError` (chained from the original on rank 0),
     instead of leaving the other ranks waiting in their next collective.
@@ -191,7 +207,7 @@ def on_rank_zero(fn: Callable[[], T]) -> T:
             outcome = (True, fn())
         except Exception as err:
             outcome, error = (False, _failure(err)), err
-    ok, value = broadcast_object(outcome)
+    ok, value = broadcast_object(outcome, group=group)
     if not ok:
         raise RankFailedError(f"rank 0: {value}") from error
     return value

@@ -24,6 +24,17 @@ def test_checkpoint_cost_benchmark_runs_quick_and_writes_json(tmp_path):
     assert set(result["table"]) == {"none", "stock", "ours"} and result["machine"]["torch"]
 
 
+def test_checkpoint_async_benchmark_runs_quick_and_writes_json(tmp_path):
+    result = run_quick("checkpoint_async.py", tmp_path, 300)
+    assert set(result["table"]) == {"5", "20"} and result["machine"]["torch"]
+    assert {"async_over_sync_blocked", "holds", "sync", "async"} <= set(result["table"]["20"])
+
+
+def test_resume_time_benchmark_runs_quick_and_writes_json(tmp_path):
+    result = run_quick("resume_time.py", tmp_path, 300)
+    assert set(result["table"]) == {"fresh", "local", "s3"} and result["machine"]["cores"]
+
+
 def test_cost_levers_benchmark_runs_quick_and_writes_json(tmp_path):
     result = run_quick("cost_levers.py", tmp_path, 300)
     assert set(result["over_fp32"]) == {"fp32", "bf16-mixed", "small sample (10%)"} and result["machine"]["cpu"]

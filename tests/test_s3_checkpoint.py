@@ -342,3 +342,25 @@ def test_a_brief_outage_mid_multipart_upload_is_retried_and_the_checkpoint_lands
     newest, skipped = find_newest_valid(CheckpointStore(f"s3://{bucket}/run"))
     assert newest is not None and newest.global_step == 4 and skipped == []  # size and sha256 match the manifest
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_sharded_checkpoints_on_s3_auto_resume_bitwise_exact(s3_bucket, tiny_trainer_kwargs, tmp_path):
+    dirpath = f"s3://{s3_bucket}/sharded"
+
+    def fit(max_steps, dirpath, root):
+        lightning.seed_everything(0)
+        model = CharTransformer(vocab_size=64)
+        checkpoint = ResumableCheckpoint(dirpath=dirpath, every_n_train_steps=5, sharded=True)
+        trainer = Trainer(
+            max_steps=max_steps, callbacks=[checkpoint], **{**tiny_trainer_kwargs, "default_root_dir": root}
+        )
+        trainer.fit(model, datamodule=CharDataModule(batch_size=8))
+        return model
+
+    fit(5, dirpath, tmp_path / "a")
+    manifest = read_manifest(CheckpointStore(dirpath), "epoch=0-step=5.ckpt")
+    assert manifest.files is not None and "__0_0.distcp" in manifest.files
+    resumed = fit(10, dirpath, tmp_path / "b")
+    reference = fit(10, str(tmp_path / "reference"), tmp_path / "c")
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], tensor), name

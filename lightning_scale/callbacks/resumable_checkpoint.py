@@ -30,24 +30,29 @@ from lightning_scale._lightning_internals import (
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
-from lightning_scale.checkpoint.background import BackgroundWriter, host_copy
+from lightning_scale.checkpoint.background import BackgroundWriter, HostStager
 from lightning_scale.checkpoint.cadence import AutoCadence
 from lightning_scale.checkpoint.manifest import (
+    PARTIAL_SUFFIX,
     PREVIOUS_SUFFIX,
     Manifest,
     find_newest_valid,
     list_manifests,
     manifest_name,
+    prepare_directory,
     publish_checkpoint,
+    publish_directory,
+    read_manifest,
 )
+from lightning_scale.checkpoint.sharded import ShardedAwareCheckpointIO, file_digests, save_sharded
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
+from lightning_scale.checkpoint.upload import upload_checkpoint
 
 __all__ = ["ResumableCheckpoint"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-PARTIAL_SUFFIX = ".partial"
 
 
 class ResumableCheckpoint(ModelCheckpoint):
@@ -66,6 +71,10 @@ class ResumableCheckpoint(ModelCheckpoint):
       flight: the next save (and the end of fit) waits for the previous one. A background save that fails is reported
       at once and never published, so the previous valid checkpoint stays the one to resume from, and training goes
       on; ``save_now`` (preemption) waits for the save in flight, then saves synchronously;
+    - **sharded** (``sharded=True``; the default for strategies that shard the state, like ``model_parallel``): each
+      checkpoint is a directory that every rank writes its part of in parallel through ``torch.distributed.checkpoint``
+      (a tensor several ranks hold is written once); its manifest lists every file with its size and sha256.
+      ``consolidate_checkpoint`` turns one into a single file;
     - **atomic**: each file is written under a temporary name, flushed (``fsync`` on local disk), renamed, and then
       vouched for by ``<name>.manifest.json`` holding its size and sha256; a partial or corrupt checkpoint is never
       chosen for resume, the newest valid one is, with a warning naming the bad file. A name that already holds a
@@ -94,8 +103,13 @@ class ResumableCheckpoint(ModelCheckpoint):
         mean_time_between_interruptions_hours: Expected hours between interruptions (e.g. from the spot market's
             interruption rate), for ``every_n_minutes="auto"``.
         every_n_epochs: Save every this many epochs (default: every epoch when no other trigger is set).
+        local_cache_dir: A local directory that absorbs each save (training waits for the local copy only); rank 0
+            then uploads it to ``dirpath`` on its writer thread, at most one upload in flight. Single files only.
         async_save: Write checkpoints on a background thread; training waits only for a host-memory copy of the
             state. ``C`` of the automatic cadence is then that blocked time.
+        sharded: Save each checkpoint as a directory of per-rank shards (``None``: when the strategy shards the
+            state). With ``async_save``, every rank writes its shards on its writer thread, over a process group of
+            its own (gloo).
         keep_last_k: Keep this many newest checkpoints of this run (``None`` keeps all). Used when ``monitor`` is
             ``None``.
         save_top_k: With ``monitor`` set, keep this many best checkpoints.
@@ -125,6 +139,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         mean_time_between_interruptions_hours: float | None = None,
         every_n_epochs: int | None = None,
         async_save: bool = False,
+        sharded: bool | None = None,
+        local_cache_dir: str | None = None,
         keep_last_k: int | None = 3,
         save_top_k: int = 1,
         save_last: bool | Literal["link"] | None = None,
@@ -172,6 +188,10 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.mean_time_between_interruptions_hours = mean_time_between_interruptions_hours
         self._cadence = AutoCadence(mean_time_between_interruptions_hours * 3600.0) if auto else None  # type: ignore[operator]
         self.async_save = async_save
+        self.sharded = sharded
+        self.local_cache_dir = local_cache_dir
+        self._cache: CheckpointStore | None = None
+        self._sharded = bool(sharded)
         self.keep_last_k = keep_last_k
         self.auto_resume = auto_resume
         self.data_state = data_state
@@ -190,9 +210,11 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.failed_saves = 0
         """Background saves that failed on this rank (each was reported when it happened)."""
         self._writer = BackgroundWriter()
+        self._stager = HostStager()
         self._staged: tuple[int, dict[str, Any] | None, dict[str, Any]] | None = None
         self._synchronous = False
         self._write_failed = False
+        self._save_group: Any = None
 
     @staticmethod
     def of(trainer: pl.Trainer, needed_by: str) -> ResumableCheckpoint:
@@ -218,16 +240,11 @@ class ResumableCheckpoint(ModelCheckpoint):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = _default_dirpath(trainer)
-        if stage == "fit" and writes_sharded_checkpoints(trainer.strategy):
-            raise ValueError(
-                "ResumableCheckpoint writes each checkpoint as one validated file, but "
-                f"{type(trainer.strategy).__name__} saves a directory of shards. Pass save_distributed_checkpoint="
-                "False to the strategy (--trainer.strategy.save_distributed_checkpoint false): the full state is "
-                "gathered on rank 0 and still loads on any world size."
-            )
+        self._setup_format(trainer, stage)
         if stage == "fit":  # before ModelCheckpoint lists the directory, so that every rank fails alike
             self._store = CheckpointStore(str(self.dirpath))
             self._on_storage(self.store.check_writable)
+            self._setup_cache()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)  # a non-empty directory is what resuming looks like
@@ -246,10 +263,51 @@ class ResumableCheckpoint(ModelCheckpoint):
         if self.auto_resume:
             restore_from_when_unset(trainer, lambda: self._choose_resume_checkpoint(trainer))
 
+    def _setup_cache(self) -> None:
+        if self.local_cache_dir is None:
+            return
+        self._cache = CheckpointStore(self.local_cache_dir)
+        if not self._cache.is_local:
+            raise ValueError(f"local_cache_dir={self.local_cache_dir!r} must be a local directory (fast disk).")
+        if self._sharded:
+            raise ValueError(
+                "ResumableCheckpoint(local_cache_dir=...) stages single files on rank 0's disk; sharded checkpoints "
+                "are written by every rank: drop local_cache_dir, or save single files (sharded=False)."
+            )
+        self._on_storage(self._cache.check_writable)
+
+    def _setup_format(self, trainer: pl.Trainer, stage: str) -> None:
+        native = writes_sharded_checkpoints(trainer.strategy)  # its state dict holds shards; it loads directories
+        self._sharded = native if self.sharded is None else self.sharded
+        name = type(trainer.strategy).__name__
+        if stage == "fit" and native and not self._sharded:
+            raise ValueError(
+                f"ResumableCheckpoint(sharded=False) writes one file, but {name} shards the state. Use sharded=True "
+                "(the default for it), or save_distributed_checkpoint=False on the strategy to gather the full state "
+                "on rank 0 (--trainer.strategy.save_distributed_checkpoint false)."
+            )
+        if stage == "fit" and native and self.async_save:
+            raise ValueError(
+                f"ResumableCheckpoint(async_save=True) writes single files, but {name} shards the state: pass "
+                "save_distributed_checkpoint=False to the strategy, or drop async_save."
+            )
+        if native and not CheckpointStore(str(self.dirpath)).is_local:
+            raise ValueError(
+                f"{name} loads sharded checkpoints from local disk only; dirpath={self.dirpath!r} is not local. Use a "
+                "local (or mounted shared) directory, or save_distributed_checkpoint=False on the strategy."
+            )
+        if self._sharded and not native and not isinstance(trainer.strategy.checkpoint_io, ShardedAwareCheckpointIO):
+            trainer.strategy.checkpoint_io = ShardedAwareCheckpointIO(trainer.strategy.checkpoint_io)
+        if stage == "fit" and self._sharded and self.async_save and self._save_group is None:
+            self._save_group = distributed.new_group("gloo")  # the writer threads' collectives, apart from training's
+
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._finish_background_saves(trainer)
         self._writer.close()
+        self._stager.clear()
+        distributed.destroy_group(self._save_group)
+        self._save_group = None
         super().teardown(trainer, pl_module, stage)
         self._trainer = None
 
@@ -276,9 +334,10 @@ class ResumableCheckpoint(ModelCheckpoint):
             ) from err
 
     def _remove_partial_files(self) -> None:
-        for name in self.store.names():
-            if name.endswith(PARTIAL_SUFFIX):  # a save that never finished; never a checkpoint
-                self.store.remove(name)
+        for store in [self.store] if self._cache is None else [self.store, self._cache]:
+            for name in store.names():
+                if name.endswith(PARTIAL_SUFFIX):  # a save that never finished; never a checkpoint
+                    store.remove(name)
         self.store.abort_unfinished_uploads(PARTIAL_SUFFIX)
         self._write_failed = False
 
@@ -361,7 +420,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         that one. With ``async_save`` it first waits for the save in flight.
         """
         failed = self._finish_background_saves(trainer)
-        latest_failed = distributed.any_rank(self._last_checkpoint_saved in failed)  # only rank 0 writes
+        latest_failed = distributed.any_rank(self._last_checkpoint_saved in failed)  # known where it was written
         if self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved and not latest_failed:
             return self._last_checkpoint_saved
         candidates = self._monitor_candidates(trainer)
@@ -382,19 +441,71 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if self._sharded:
+            self._save_sharded(trainer, filepath)
+            return
         if self.async_save and not self._synchronous:
             self._save_in_background(trainer, filepath)
             return
         started = self._clock()
         name = self._name_in_dir(filepath)
+        if self._cache is not None:
+            self._finish_background_saves(trainer)  # at most one upload in flight
         checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers the full state
         fields = self._manifest_fields(trainer, checkpoint)
         self._on_storage(lambda: self._write(checkpoint, name, fields), f"Saving checkpoint {name}")
+        uploading = self._cache is not None and not self._synchronous
+        if self._cache is not None and self._synchronous:  # save_now: durable in dirpath before it returns
+            self._on_storage(lambda: self._upload(name), f"Uploading checkpoint {name}")
+        elif uploading and trainer.is_global_zero:
+            self._writer.submit(lambda: self._upload_in_background(name, started), what=filepath)
+        self._saved_synchronously(trainer, filepath, started, durable=not uploading)
+
+    def _save_sharded(self, trainer: pl.Trainer, filepath: str) -> None:
+        """Every rank writes its shards in parallel; rank 0 then publishes the manifest of all files."""
+        started = self._clock()
+        name = self._name_in_dir(filepath)
+        checkpoint = dump_checkpoint(trainer, self.save_weights_only)
+        native = writes_sharded_checkpoints(trainer.strategy)
+        try:
+            self._write_sharded(checkpoint, name, self._manifest_fields(trainer, checkpoint), native, group=None)
+        except Exception as err:  # raised on every rank alike
+            raise CheckpointStorageError(
+                f"Saving sharded checkpoint {name} failed ({type(err).__name__}: {err}) in {self.dirpath}. Earlier "
+                "checkpoints are untouched; check the storage (space, permissions, credentials) and re-run to resume."
+            ) from err
+        self._saved_synchronously(trainer, filepath, started)
+
+    def _write_sharded(
+        self, checkpoint: dict[str, Any], name: str, fields: dict[str, Any], native: bool, group: Any
+    ) -> None:
+        """Every rank of ``group``: write the shards, hash them, and (rank 0) publish the manifest; raises on every
+        rank if any failed, after rank 0 removed the unfinished directory."""
+        try:
+            aside = distributed.on_rank_zero(lambda: prepare_directory(self.store, name), group)
+            files = save_sharded(checkpoint, self.store, name, native, group)
+            digests = file_digests(self.store, name, files, group)
+            distributed.on_rank_zero(lambda: self._publish_directory(name, digests, aside, fields), group)
+        except Exception:
+            if distributed.rank() == 0:
+                with contextlib.suppress(Exception):
+                    self.store.remove(name)
+            raise
+
+    def _saved_synchronously(self, trainer: pl.Trainer, filepath: str, started: float, durable: bool = True) -> None:
         self._saved(trainer, filepath, started)
+        if not durable:
+            return  # its upload reports when it is
         self.last_save_seconds = self.last_blocked_seconds
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+
+    def _publish_directory(
+        self, name: str, digests: dict[str, list[Any]], aside: str | None, fields: dict[str, Any]
+    ) -> None:
+        publish_directory(self.store, name, digests, aside, **fields)
+        self._retain()
 
     def _save_in_background(self, trainer: pl.Trainer, filepath: str) -> None:
         """Stage the state in host memory (every rank takes part in gathering it) and queue rank 0's write."""
@@ -402,7 +513,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         if self._staged is None or self._staged[0] != trainer.global_step:
             self._finish_background_saves(trainer)  # at most one state in flight
             checkpoint = dump_checkpoint(trainer, self.save_weights_only)
-            staged = host_copy(checkpoint) if trainer.is_global_zero else None
+            writes = trainer.is_global_zero or self._sharded  # sharded: every rank writes its part
+            staged = self._stager.copy(checkpoint) if writes else None
             self._staged = (trainer.global_step, staged, self._manifest_fields(trainer, checkpoint))
         _, staged, fields = self._staged
         if staged is not None:
@@ -411,24 +523,71 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._saved(trainer, filepath, started)
 
     def _write(self, checkpoint: dict[str, Any], name: str, fields: dict[str, Any]) -> None:
-        """Serialise ``checkpoint`` and publish it as ``name``, on rank 0: no collectives, no Trainer state."""
+        """Serialise ``checkpoint`` and publish it as ``name``, on rank 0 (no collectives, no Trainer state): into
+        ``dirpath``, or into ``local_cache_dir`` for :meth:`_upload` to copy."""
+        store = self.store if self._cache is None else self._cache
         temporary = f".{name}{PARTIAL_SUFFIX}"
         try:
-            self.store.write_with(temporary, lambda handle: torch.save(checkpoint, handle))
-            self._publish(temporary, name, fields)
+            store.write_with(temporary, lambda handle: torch.save(checkpoint, handle))
+            publish_checkpoint(store, temporary, name, **fields)
+        except Exception:
+            self._write_failed |= self._cache is None
+            with contextlib.suppress(Exception):  # a full disk must not stay full of the failed save
+                store.remove(temporary)
+            raise
+        if self._cache is None:
+            self._published()
+
+    def _upload(self, name: str) -> None:
+        """Copy checkpoint ``name`` from the local cache to ``dirpath`` (rank 0, no collectives), then drop the cached
+        copies up to it (all but a copy whose upload failed)."""
+        assert self._cache is not None
+        try:
+            mine = upload_checkpoint(self._cache, self.store, name)
         except Exception:
             self._write_failed = True
-            with contextlib.suppress(Exception):  # a full disk must not stay full of the failed save
-                self.store.remove(temporary)
+            with contextlib.suppress(Exception):
+                self._drop_cached(read_manifest(self._cache, name).order, keep_equal=True)
             raise
+        self._drop_cached(mine.order, keep_equal=False)
+        self._published()
+
+    def _drop_cached(self, order: tuple[int, int, float], keep_equal: bool) -> None:
+        assert self._cache is not None
+        for manifest in list_manifests(self._cache)[0]:
+            if manifest.order < order or (manifest.order == order and not keep_equal):
+                self._cache.remove(manifest_name(manifest.name))
+                self._cache.remove(manifest.name)
+
+    def _upload_in_background(self, name: str, started: float) -> None:
+        try:
+            self._upload(name)
+        except Exception as err:
+            rank_zero_warn(
+                f"Uploading checkpoint {name} to {self.dirpath} failed ({type(err).__name__}: {err}). Its local copy "
+                f"stays in {self.local_cache_dir}; the previous valid checkpoint in dirpath stays the one to resume "
+                "from. Training goes on and the next upload tries again."
+            )
+            raise
+        self.last_save_seconds = self._clock() - started
+
+    def _published(self) -> None:
+        """After a checkpoint landed in ``dirpath``: retention, and the leftovers of an earlier failed write."""
+        self._retain()
         if self._write_failed:  # the store is back: drop what the failed write could not (no other write runs)
             with contextlib.suppress(Exception):
                 self.store.abort_unfinished_uploads(PARTIAL_SUFFIX)
                 self._write_failed = False
 
     def _write_in_background(self, staged: dict[str, Any], name: str, fields: dict[str, Any], started: float) -> None:
+        """Runs on the writer thread: rank 0's single file, or every rank's shards over the writers' own group."""
         try:
-            self._write(staged, name, fields)
+            if self._sharded:
+                self._write_sharded(staged, name, fields, native=False, group=self._save_group)
+            else:
+                self._write(staged, name, fields)
+                if self._cache is not None:
+                    self._upload(name)
         except Exception as err:
             rank_zero_warn(
                 f"The background save of checkpoint {name} to {self.dirpath} failed ({type(err).__name__}: {err}). "
@@ -474,8 +633,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             "tensor_shapes": _tensor_shapes(checkpoint["state_dict"]),  # the saved model's (a pipeline's gathered)
         }
 
-    def _publish(self, temporary: str, name: str, fields: dict[str, Any]) -> None:
-        publish_checkpoint(self.store, temporary, name, **fields)
+    def _retain(self) -> None:
         try:
             self._apply_retention()
         except OSError as err:  # the new checkpoint is safe; an old one stays until the next save retries
@@ -487,8 +645,9 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._remove(self._name_in_dir(filepath))
 
     def _remove(self, name: str) -> None:
-        self.store.remove(manifest_name(name))  # first: a half-removed checkpoint is invalid, never trusted
-        self.store.remove(name)
+        for store in [self.store] if self._cache is None else [self.store, self._cache]:
+            store.remove(manifest_name(name))  # first: a half-removed checkpoint is invalid, never trusted
+            store.remove(name)
 
     def _apply_retention(self) -> None:
         if self.keep_last_k is None or self.monitor is not None:

@@ -1,8 +1,7 @@
 """Checkpoint writes off the training thread: a host-memory copy of the state, then one writer thread.
 
-Training is blocked only while :func:`host_copy` snapshots the state; :class:`BackgroundWriter` then serialises,
-uploads and publishes it while training goes on. The writer runs one job at a time and never calls collectives, so
-it may run on one rank only.
+Training is blocked only while :class:`HostStager` snapshots the state; :class:`BackgroundWriter` then serialises,
+uploads and publishes it while training goes on, one job at a time.
 """
 
 from __future__ import annotations
@@ -17,16 +16,18 @@ from typing import Any, TypeVar
 import torch
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["BackgroundWriter", "WriteResult", "host_copy"]
+__all__ = ["BackgroundWriter", "HostStager", "WriteResult", "host_copy"]
 
 T = TypeVar("T")
 
 
-def host_copy(obj: T) -> T:
+def host_copy(obj: T, buffers: dict[int, torch.Tensor] | None = None) -> T:
     """A deep copy of ``obj`` whose tensors are new host-memory (CPU) tensors, detached from autograd.
 
     Tensors reachable through dicts, lists and tuples are copied once each (a tensor held twice stays shared);
     everything else is deep-copied, so later in-place updates of parameters or optimizer state cannot reach the copy.
+    ``buffers`` (``{position: tensor}``, updated here) are host tensors of an earlier copy to copy into where shape
+    and dtype match: no fresh allocation, no page faults on first touch.
 
     Example:
         >>> weight = torch.ones(2)
@@ -37,10 +38,52 @@ def host_copy(obj: T) -> T:
         (tensor([1., 1.]), True)
     """
     memo: dict[int, Any] = {}
-    for leaf in tree_leaves(obj):
-        if isinstance(leaf, torch.Tensor) and id(leaf) not in memo:
-            memo[id(leaf)] = leaf.detach().to("cpu", copy=True)
+    tensors = [leaf for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor)]
+    for position, tensor in enumerate(tensors):
+        if id(tensor) in memo:
+            continue
+        buffer = None if buffers is None else buffers.get(position)
+        if buffer is not None and _fits(buffer, tensor):
+            buffer.copy_(tensor.detach())
+        else:
+            buffer = tensor.detach().to("cpu", copy=True)
+        if buffers is not None:
+            buffers[position] = buffer
+        memo[id(tensor)] = buffer
     return copy.deepcopy(obj, memo)
+
+
+def _fits(buffer: torch.Tensor, tensor: torch.Tensor) -> bool:
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.layout == torch.strided
+        and buffer.shape == tensor.shape
+        and buffer.dtype == tensor.dtype
+        and buffer.is_contiguous()
+    )
+
+
+class HostStager:
+    """Host copies of the state (:func:`host_copy`) into the buffers of the previous one.
+
+    Reuse is safe only once the previous copy was written: stage the next state after the writer finished.
+
+    Example:
+        >>> stager, weight = HostStager(), torch.zeros(3)
+        >>> first = stager.copy({"w": weight})["w"]
+        >>> second = stager.copy({"w": weight.add_(1)})["w"]
+        >>> second.data_ptr() == first.data_ptr(), second
+        (True, tensor([1., 1., 1.]))
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[int, torch.Tensor] = {}
+
+    def copy(self, obj: T) -> T:
+        return host_copy(obj, self._buffers)
+
+    def clear(self) -> None:
+        self._buffers = {}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ checkpoint or one that :func:`find_newest_valid` skips with a warning.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -18,11 +19,15 @@ from lightning_scale.checkpoint.store import CheckpointStore
 __all__ = [
     "MANIFEST_SUFFIX",
     "MANIFEST_VERSION",
+    "PARTIAL_SUFFIX",
     "Manifest",
     "find_newest_valid",
+    "install_checkpoint",
     "list_manifests",
     "manifest_name",
+    "prepare_directory",
     "publish_checkpoint",
+    "publish_directory",
     "read_manifest",
     "validate",
 ]
@@ -30,6 +35,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MANIFEST_SUFFIX = ".manifest.json"
+PARTIAL_SUFFIX = ".partial"
+"""A file being written (``.<name>.partial``): never a checkpoint, removed at the next start."""
 MANIFEST_VERSION = 1
 PREVIOUS_SUFFIX = ".previous"
 
@@ -48,6 +55,9 @@ class Manifest:
     created_unix: float
     tensor_shapes: dict[str, list[int]]
     generation: int = 0
+    files: dict[str, list[Any]] | None = None
+    """For a sharded checkpoint (a directory): ``{relative file: [size, sha256]}``; ``size``/``sha256`` above are then
+    the total size and the sha256 of this listing."""
     version: int = MANIFEST_VERSION
 
     @property
@@ -85,8 +95,46 @@ def publish_checkpoint(store: CheckpointStore, temporary: str, name: str, **fiel
     manifest = Manifest(
         name=name, size=store.size(temporary), sha256=store.sha256(temporary), created_unix=time.time(), **fields
     )
+    install_checkpoint(store, temporary, manifest)
+    return manifest
+
+
+def install_checkpoint(store: CheckpointStore, temporary: str, manifest: Manifest) -> None:
+    """Rename the finished file ``temporary`` to ``manifest.name`` and publish ``manifest`` (last), setting an old
+    checkpoint of that name aside first (see :func:`publish_checkpoint`)."""
+    size = store.size(temporary)
+    if size != manifest.size:
+        raise OSError(f"{temporary} holds {size} bytes, the manifest says {manifest.size}: not published")
+    aside = _set_aside(store, manifest.name)
+    store.publish(temporary, manifest.name)
+    store.write_bytes(manifest_name(manifest.name), manifest.to_json())
+    if aside is not None:
+        store.remove(manifest_name(aside))
+        store.remove(aside)
+
+
+def prepare_directory(store: CheckpointStore, name: str) -> str | None:
+    """Before a sharded checkpoint is written into the directory ``name``: set a valid checkpoint there aside (see
+    :func:`publish_checkpoint`), remove anything else (a save that never finished). Returns the set-aside name."""
     aside = _set_aside(store, name)
-    store.publish(temporary, name)
+    store.remove(name)
+    return aside
+
+
+def publish_directory(
+    store: CheckpointStore, name: str, files: dict[str, list[Any]], aside: str | None, **fields: Any
+) -> Manifest:
+    """Publish the manifest of the finished sharded checkpoint ``name`` (``files``: from ``file_digests``), then drop
+    the checkpoint ``prepare_directory`` set aside."""
+    listing = json.dumps(files, sort_keys=True).encode()
+    manifest = Manifest(
+        name=name,
+        size=sum(size for size, _ in files.values()),
+        sha256=hashlib.sha256(listing).hexdigest(),
+        created_unix=time.time(),
+        files=files,
+        **fields,
+    )
     store.write_bytes(manifest_name(name), manifest.to_json())
     if aside is not None:
         store.remove(manifest_name(aside))
@@ -102,6 +150,8 @@ def _set_aside(store: CheckpointStore, name: str) -> str | None:
         store.remove(manifest_name(name))  # nothing valid to keep; an old manifest must never vouch for a new file
         return None
     aside = name + PREVIOUS_SUFFIX
+    store.remove(manifest_name(aside))  # older than ``name``: left by a crash after the last publication
+    store.remove(aside)
     store.write_bytes(manifest_name(aside), dataclasses.replace(old, name=aside).to_json())
     store.publish(name, aside)
     store.remove(manifest_name(name))
@@ -115,6 +165,8 @@ def read_manifest(store: CheckpointStore, checkpoint_name: str) -> Manifest:
 
 def validate(store: CheckpointStore, manifest: Manifest) -> str | None:
     """Why the checkpoint described by ``manifest`` is unusable, or ``None`` when it is complete and intact."""
+    if manifest.files is not None:
+        return _validate_directory(store, manifest)
     try:
         if not store.exists(manifest.name):
             return "the checkpoint file is missing"
@@ -124,6 +176,21 @@ def validate(store: CheckpointStore, manifest: Manifest) -> str | None:
         if store.sha256(manifest.name) != manifest.sha256:
             return "sha256 does not match the manifest (corrupted)"
     except OSError as err:  # e.g. removed by another process while we read it
+        return f"cannot be read ({type(err).__name__}: {err})"
+    return None
+
+
+def _validate_directory(store: CheckpointStore, manifest: Manifest) -> str | None:
+    try:
+        for relative, (size, sha256) in sorted((manifest.files or {}).items()):
+            path = f"{manifest.name}/{relative}"
+            if not store.exists(path):
+                return f"its file {relative} is missing"
+            if store.size(path) != size:
+                return f"its file {relative} has {store.size(path)} bytes, the manifest says {size} (partly written)"
+            if store.sha256(path) != sha256:
+                return f"its file {relative} does not match the manifest's sha256 (corrupted)"
+    except OSError as err:
         return f"cannot be read ({type(err).__name__}: {err})"
     return None
 

@@ -7,6 +7,7 @@ import inspect
 import io
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
@@ -159,6 +160,15 @@ class CheckpointStore:
         buffer.close()
         with_retries(lambda: self.fs.pipe_file(self.path(name), data, **self._upload_options()), f"Uploading {name}")
 
+    def put_file(self, local_path: str, name: str) -> None:
+        """Copy the local file ``local_path`` to ``name``, durably; retried whole on transient errors. On an object
+        store it streams from the file (s3fs: a multipart upload in concurrent parts), never whole in memory."""
+        if self.is_local:
+            with open(local_path, "rb") as source:
+                self.write_with(name, lambda handle: shutil.copyfileobj(source, handle, 16 * 2**20))
+            return
+        with_retries(lambda: self.fs.put_file(local_path, self.path(name)), f"Uploading {name}")
+
     def _upload_options(self) -> dict[str, Any]:
         pipe = getattr(self.fs, "_pipe_file", self.fs.pipe_file)
         takes_parts = "chunksize" in inspect.signature(pipe).parameters
@@ -175,7 +185,7 @@ class CheckpointStore:
         def rename() -> None:
             if not self.fs.exists(self.path(temporary)) and self.fs.exists(self.path(name)):
                 return  # an earlier attempt renamed it and lost the answer
-            self.fs.mv(self.path(temporary), self.path(name))
+            self.fs.mv(self.path(temporary), self.path(name), recursive=True)  # a file, or a sharded checkpoint
 
         with_retries(rename, f"Renaming {temporary} to {name}")
 

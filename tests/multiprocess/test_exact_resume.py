@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from lightning_scale.checkpoint import CheckpointStore
+from lightning_scale.checkpoint.manifest import read_manifest
 from lightning_scale.testing import assert_exact_resume, run_interrupted_and_reference
 from lightning_scale.testing.processes import descendants
 from tests import factories
@@ -55,17 +57,21 @@ def test_mid_second_epoch_resume_with_workers2_and_augmentation_keeps_that_epoch
     assert epoch1 != epoch0[: len(epoch1)]  # the resumed epoch 1 does not replay epoch 0's order
 
 
-def test_asynchronous_saves_resume_bitwise_exact_with_several_saves_in_flight_and_validation(tmp_path):
-    assert_exact_resume(
+def test_asynchronous_sharded_saves_resume_bitwise_exact_with_saves_in_flight_and_validation(tmp_path):
+    """Every rank writes its shards on its writer thread (over a gloo group of the writers) while training goes on;
+    the SIGTERM-on-rank-0 spot test covers asynchronous single files."""
+    report = assert_exact_resume(
         factories.model,
         factories.data_workers2,
         steps=20,
         interrupt_at=12,
         checkpoint_every=4,
-        checkpoint_kwargs={"async_save": True},
+        checkpoint_kwargs={"async_save": True, "sharded": True},
         workdir=tmp_path,
         trainer_kwargs={"val_check_interval": 6, "limit_val_batches": 2},
     )
+    store = CheckpointStore(str(report.workdir / "interrupted" / "checkpoints"))
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(read_manifest(store, "epoch=0-step=12.ckpt").files or {})
 
 
 def test_checkpoint_on_the_last_batch_of_an_epoch_resumes_into_the_next_epoch(tmp_path):

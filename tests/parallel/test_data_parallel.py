@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_scale.checkpoint import CheckpointStore
+from lightning_scale.checkpoint.manifest import read_manifest
 from lightning_scale.testing import assert_exact_resume
 from tests import factories
 from tests.parallel.helpers import STEPS, relative, run_job
@@ -57,9 +59,10 @@ def test_bf16_compression_runs_on_gloo_within_a_looser_tolerance(tmp_path, stock
     assert relative(bf16["losses"], stock_ddp["losses"]) <= 1e-3  # measured 3e-5: bf16 keeps 8 mantissa bits
 
 
-def test_zero_stage_1_with_powersgd_resumes_bitwise_equal_to_the_uninterrupted_run(tmp_path):
-    """ZeRO's consolidated optimizer state and PowerSGD's error feedback, warm start and RNG survive a SIGKILL."""
-    assert_exact_resume(
+def test_zero_stage_1_with_powersgd_resumes_bitwise_equal_from_sharded_checkpoints(tmp_path):
+    """ZeRO's consolidated optimizer state and PowerSGD's error feedback, warm start and RNG survive a SIGKILL, saved
+    as sharded checkpoints: both ranks write shards (the replicated weights are split between them)."""
+    report = assert_exact_resume(
         factories.model,
         factories.data_workers0,
         steps=12,
@@ -68,4 +71,8 @@ def test_zero_stage_1_with_powersgd_resumes_bitwise_equal_to_the_uninterrupted_r
         trainer_kwargs={"limit_val_batches": 0},
         strategy="data_parallel",
         strategy_kwargs={"zero_stage": 1, "grad_compression": "powersgd", "powersgd_warmup_steps": 2},
+        checkpoint_kwargs={"sharded": True},
     )
+    store = CheckpointStore(str(report.workdir / "interrupted" / "checkpoints"))
+    files = read_manifest(store, "epoch=0-step=6.ckpt").files or {}
+    assert files["__0_0.distcp"][0] > 0 and files["__1_0.distcp"][0] > 0

@@ -8,7 +8,8 @@ from lightning.pytorch import Trainer
 
 from examples.char_transformer import CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
-from lightning_scale.checkpoint import consolidate_checkpoint
+from lightning_scale.checkpoint import CheckpointStore, consolidate_checkpoint
+from lightning_scale.checkpoint.manifest import read_manifest
 from lightning_scale.strategies import ModelParallelStrategy
 from lightning_scale.testing import assert_exact_resume
 from lightning_scale.testing.exact_resume import _attempt, _job
@@ -76,9 +77,10 @@ def test_tensor_parallel_matches_one_process(tmp_path, linear_attention):
         assert float((ours - tensor).norm() / tensor.norm()) <= 1e-5, name
 
 
-def test_killed_and_resumed_with_resumable_checkpoint_ends_bitwise_equal(tmp_path):
-    """FSDP2 on 2 ranks, SIGKILL after a ResumableCheckpoint save (the full state, gathered), re-run: the same end."""
-    assert_exact_resume(
+def test_killed_and_resumed_from_sharded_checkpoints_ends_bitwise_equal(tmp_path):
+    """FSDP2 on 2 ranks, SIGKILL after a ResumableCheckpoint save (sharded by default: each rank writes its shards,
+    one manifest vouches for all), re-run: the same end. The spot test below covers the gathered single file."""
+    report = assert_exact_resume(
         factories.model,
         factories.data_workers0,
         steps=12,
@@ -86,14 +88,28 @@ def test_killed_and_resumed_with_resumable_checkpoint_ends_bitwise_equal(tmp_pat
         workdir=tmp_path,
         trainer_kwargs={"limit_val_batches": 0},
         strategy="model_parallel",
-        strategy_kwargs={"min_params_to_shard": 1000, "save_distributed_checkpoint": False},
+        strategy_kwargs={"min_params_to_shard": 1000},
     )
+    manifest = read_manifest(
+        CheckpointStore(str(report.workdir / "interrupted" / "checkpoints")), "epoch=0-step=6.ckpt"
+    )
+    assert manifest.files is not None and {"__0_0.distcp", "__1_0.distcp", "meta.pt"} <= set(manifest.files)
 
 
-def test_resumable_checkpoint_refuses_a_sharded_save_before_training_with_the_fix(tmp_path):
+@pytest.mark.parametrize(
+    ("checkpoint_kwargs", "dirpath", "message"),
+    [
+        ({"sharded": False}, None, r"sharded=False\) writes one file, but ModelParallelStrategy shards the state"),
+        ({"async_save": True}, None, r"async_save=True\) writes single files, but ModelParallelStrategy shards"),
+        ({}, "memory://run", r"loads sharded checkpoints from local disk only"),
+    ],
+)
+def test_resumable_checkpoint_refuses_what_a_sharding_strategy_cannot_do_before_training(
+    tmp_path, checkpoint_kwargs, dirpath, message
+):
     trainer = Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(), logger=False)
-    checkpoint = ResumableCheckpoint(str(tmp_path))
-    with pytest.raises(ValueError, match=r"directory of shards\. Pass save_distributed_checkpoint=False"):
+    checkpoint = ResumableCheckpoint(dirpath or str(tmp_path), **checkpoint_kwargs)
+    with pytest.raises(ValueError, match=message):
         checkpoint.setup(trainer, CharTransformer(), "fit")
 
 

@@ -1,0 +1,181 @@
+"""Asynchronous vs synchronous checkpoints: how long training is blocked per save, for 50/200/800 MB states.
+
+Single-process CPU fits of a module whose state (weights + Adam moments) weighs the given size; each step computes
+(matrix products) for a fixed wall time, then Adam updates every weight, and a save comes every 20 steps, so the
+interval between saves exceeds the time a save takes to become durable. Variants, interleaved within each repeat: no
+checkpointing, ``ResumableCheckpoint`` synchronous, and with ``async_save=True``. Reported per save: the time
+training waited inside the save (medians, min-max); the time the fit lost against the run without checkpoints
+(wall-time difference, less the end-of-fit wait for the last save, per save before the end: this includes the
+background writer's competition for CPU, memory bandwidth and the GIL); and the time until the checkpoint was
+durable. Target: async blocked <= 0.1x sync. Writes ``benchmarks/results/checkpoint_async.json``.
+
+    .venv/bin/python benchmarks/checkpoint_async.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine_info, spread
+
+from lightning_scale.callbacks import ResumableCheckpoint
+
+VARIANTS = ("none", "sync", "async")
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGET = 0.1
+
+
+class Heavy(pl.LightningModule):
+    """``state_mb`` of checkpoint state (fp32 weights + Adam's two moments); each step multiplies a 384x384 slice of
+    the weights for ``compute_s`` seconds of wall time, then updates every weight."""
+
+    def __init__(self, state_mb: float, compute_s: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(int(state_mb * 1e6 / 12)) * 0.01)
+        self.compute_s = compute_s
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        block = self.weight[: 384 * 384].view(384, 384)
+        out, until = batch, time.perf_counter() + self.compute_s
+        while True:
+            out = torch.tanh(out @ block)
+            if time.perf_counter() >= until:
+                break
+        return out.square().mean() + self.weight.square().mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-4)
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        return StatefulDataLoader(torch.randn(10_000, 384), batch_size=64)
+
+
+class SaveTimer(pl.Callback):
+    """Wall time spent inside each of the checkpoint callback's saves, and in its end-of-fit wait."""
+
+    def __init__(self, checkpoint: ResumableCheckpoint) -> None:
+        self.blocked: list[float] = []
+        self.durable: list[float] = []
+        self.final_wait = 0.0
+        save, finish = checkpoint._save_checkpoint, checkpoint._finish_background_saves
+
+        def timed_save(trainer: pl.Trainer, filepath: str) -> None:
+            start = time.perf_counter()
+            save(trainer, filepath)
+            self.blocked.append(time.perf_counter() - start)
+
+        def timed_finish(trainer: pl.Trainer) -> list[str]:
+            start = time.perf_counter()
+            failed = finish(trainer)
+            self.final_wait += time.perf_counter() - start
+            if checkpoint.last_save_seconds is not None:
+                self.durable.append(checkpoint.last_save_seconds)
+            return failed
+
+        checkpoint._save_checkpoint = timed_save  # type: ignore[method-assign]
+        checkpoint._finish_background_saves = timed_finish  # type: ignore[method-assign]
+
+
+def one_fit(variant: str, state_mb: float, steps: int, every: int, compute_s: float, workdir: Path) -> dict[str, float]:
+    pl.seed_everything(0, verbose=False)
+    model = Heavy(state_mb, compute_s)
+    callbacks: list[pl.Callback] = []
+    timer = None
+    if variant != "none":
+        checkpoint = ResumableCheckpoint(
+            dirpath=str(workdir), every_n_train_steps=every, keep_last_k=2, async_save=variant == "async"
+        )
+        timer = SaveTimer(checkpoint)
+        callbacks.append(checkpoint)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=steps, callbacks=callbacks, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=variant != "none", default_root_dir=str(workdir),
+    )  # fmt: skip
+    start = time.perf_counter()
+    trainer.fit(model)
+    fit_s = time.perf_counter() - start
+    if timer is None:
+        return {"fit_s": fit_s, "saves": 0}
+    return {
+        "fit_s": fit_s,
+        "saves": len(timer.blocked),
+        "blocked_s": sum(timer.blocked) / len(timer.blocked),
+        "blocked_max_s": max(timer.blocked),
+        "end_wait_s": timer.final_wait,
+        "durable_s": max(timer.durable) if timer.durable else sum(timer.blocked) / len(timer.blocked),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small states, 2 repeats (smoke test)")
+    parser.add_argument("--out", default=str(RESULTS / "checkpoint_async.json"), help="where to write the JSON")
+    args = parser.parse_args()
+    sizes, repeats, steps, every, compute_s = (
+        ([5, 20], 2, 6, 2, 0.01) if args.quick else ([50, 200, 800], 5, 60, 20, 0.05)
+    )
+    torch.set_num_threads(1)
+
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {str(s): {v: [] for v in VARIANTS} for s in sizes}
+    for size in sizes:
+        for _ in range(repeats):
+            for variant in VARIANTS:  # interleaved, so drift on a shared machine hits every variant alike
+                workdir = Path(tempfile.mkdtemp(prefix=f"ckpt-async-{variant}-"))
+                try:
+                    runs[str(size)][variant].append(one_fit(variant, size, steps, every, compute_s, workdir))
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+
+    table: dict[str, dict[str, object]] = {}
+    print(f"checkpoint blocking, {repeats} repeats, {steps} steps, a save every {every} steps, single process, CPU")
+    header = f"{'MB':>5} {'variant':<6} {'ms blocked/save':>24} {'ms lost/save':>10} {'s to durable':>12}"
+    print(header)
+    for size in sizes:
+        rows = runs[str(size)]
+        baseline = spread([r["fit_s"] for r in rows["none"]])["median"]
+        entry: dict[str, object] = {}
+        for variant in ("sync", "async"):
+            blocked = spread([r["blocked_s"] for r in rows[variant]])
+            lost = spread([(r["fit_s"] - r["end_wait_s"] - baseline) / (r["saves"] - 1) for r in rows[variant]])
+            durable = spread([r["durable_s"] for r in rows[variant]])
+            entry[variant] = {"blocked_s": blocked, "lost_s": lost, "durable_s": durable}
+            print(
+                f"{size:>5} {variant:<6} {blocked['median'] * 1e3:9.1f} ({blocked['min'] * 1e3:.1f}-"
+                f"{blocked['max'] * 1e3:.1f}) {lost['median'] * 1e3:10.1f} {durable['median']:12.2f}"
+            )
+        ratio = entry["async"]["blocked_s"]["median"] / entry["sync"]["blocked_s"]["median"]  # type: ignore[index]
+        entry["async_over_sync_blocked"] = ratio
+        entry["holds"] = ratio <= TARGET
+        table[str(size)] = entry
+        verdict = "holds" if ratio <= TARGET else "MISSED"
+        print(f"{size:>5} async/sync blocked time: {ratio:.3f} (target <= {TARGET}: {verdict})")
+
+    out = Path(args.out)
+    config = {
+        "sizes_mb": sizes,
+        "repeats": repeats,
+        "steps": steps,
+        "every": every,
+        "compute_s": compute_s,
+        "quick": args.quick,
+    }
+    out.write_text(json.dumps({"machine": machine_info(), "config": config, "table": table, "runs": runs}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Sharded checkpoints: a directory that every rank writes its part of, through ``torch.distributed.checkpoint``.
+
+::
+
+    NAME/
+      .metadata, __<rank>_<n>.distcp    tensors, each rank writing its shards; a tensor that several ranks hold (DDP's
+                                         replicas) is written once, the writes spread over the ranks
+      meta.pt                            everything else, from rank 0
+
+Two layouts share it. Strategies that shard the state themselves (``model_parallel``) use Lightning's: the tensors of
+``state_dict`` and ``optimizer_<i>`` in the shards, Lightning's metadata in ``meta.pt``, so Lightning loads it back
+into the sharded model. For every other strategy each tensor anywhere in the checkpoint goes into the shards under
+its path, and ``meta.pt`` holds the rest with the structure (``SKELETON_KEY``): loading rebuilds the exact dict
+(integer keys of optimizer states, lists), which ``torch.distributed.checkpoint``'s own nesting does not.
+
+:func:`save_sharded` and :func:`file_digests` run on every rank (they use collectives); :func:`load_sharded` runs in
+one process without any. Completeness is vouched for by a manifest listing every file with its size and sha256
+(:mod:`lightning_scale.checkpoint.manifest`), which rank 0 publishes last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from lightning.fabric.plugins.io import CheckpointIO
+from lightning.fabric.utilities.types import _PATH
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+from lightning_scale import distributed
+from lightning_scale.checkpoint.store import CheckpointStore
+
+__all__ = [
+    "METADATA_FILE",
+    "SKELETON_KEY",
+    "ShardedAwareCheckpointIO",
+    "file_digests",
+    "is_sharded_checkpoint",
+    "load_sharded",
+    "save_sharded",
+]
+
+METADATA_FILE = "meta.pt"
+DCP_METADATA_FILE = ".metadata"
+SKELETON_KEY = "lightning_scale_sharded"
+_LIGHTNING_TENSORS = ("state_dict", "optimizer_states")
+
+Path = tuple[Any, ...]
+
+
+def save_sharded(
+    checkpoint: Mapping[str, Any], store: CheckpointStore, name: str, lightning_layout: bool, group: Any = None
+) -> list[str]:
+    """Write ``checkpoint`` (Lightning's dict) as the directory ``name`` of ``store``; call on every rank of ``group``
+    (default: all ranks' default group).
+
+    ``lightning_layout``: Lightning's layout, for strategies that shard the state. Returns the directory's file names
+    (the same list on every rank). Raises on every rank when any rank's write fails.
+    """
+    if lightning_layout:
+        tensors = {"state_dict": checkpoint["state_dict"]}
+        tensors.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.get("optimizer_states", []))})
+        meta = {key: value for key, value in checkpoint.items() if key not in _LIGHTNING_TENSORS}
+    else:
+        paths: dict[str, Path] = {}
+        skeleton = _take_tensors(checkpoint, (), paths)
+        tensors = {key: _at(checkpoint, path) for key, path in paths.items()}
+        meta = {SKELETON_KEY: {"skeleton": skeleton, "paths": paths}}
+    url = store.url(name)
+    writer = dcp.FileSystemWriter(url, sync_files=True) if store.is_local else FsspecWriter(url)
+    metadata = dcp.save(tensors, storage_writer=writer, process_group=group)
+    files = {info.relative_path for info in (metadata.storage_data or {}).values()}
+    distributed.on_rank_zero(
+        lambda: store.write_with(f"{name}/{METADATA_FILE}", lambda handle: torch.save(meta, handle)), group
+    )
+    return sorted(files | {DCP_METADATA_FILE, METADATA_FILE})
+
+
+def _take_tensors(obj: Any, path: Path, paths: dict[str, Path]) -> Any:
+    """``obj`` with every tensor inside dicts and lists replaced by ``None``; ``paths`` gets ``{key: path}``."""
+    if isinstance(obj, torch.Tensor):
+        key = ".".join(str(part) for part in path)
+        while key in paths:  # an int and a str key that print alike
+            key += "~"
+        paths[key] = path
+        return None
+    if isinstance(obj, dict):
+        return type(obj)((k, _take_tensors(v, (*path, k), paths)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_take_tensors(v, (*path, i), paths) for i, v in enumerate(obj)]
+    return obj
+
+
+def _at(obj: Any, path: Path) -> Any:
+    for part in path:
+        obj = obj[part]
+    return obj
+
+
+def file_digests(store: CheckpointStore, name: str, files: list[str], group: Any = None) -> dict[str, list[Any]]:
+    """``{file: [size, sha256]}`` for the files of directory ``name``, each hashed by one rank; call on every rank of
+    ``group``.
+
+    Raises ``OSError`` on every rank when a file cannot be read on any.
+    """
+    rank, world = distributed.rank(), distributed.world_size()
+    mine: dict[str, list[Any]] = {}
+    error = None
+    try:
+        mine = {f: [store.size(f"{name}/{f}"), store.sha256(f"{name}/{f}")] for f in files[rank::world]}
+    except OSError as err:
+        error = f"rank {rank}: {type(err).__name__}: {err}"
+    merged: dict[str, list[Any]] = {}
+    errors = []
+    for part, part_error in distributed.all_gather_object((mine, error), group):
+        merged.update(part)
+        errors += [part_error] if part_error else []
+    if errors:
+        raise OSError(f"hashing the shards of {name} failed ({'; '.join(errors)})")
+    return merged
+
+
+def is_sharded_checkpoint(path: str) -> bool:
+    """Whether ``path`` (local or fsspec URL) is a directory holding a sharded checkpoint."""
+    store = CheckpointStore(path)
+    return store.exists(DCP_METADATA_FILE) and store.exists(METADATA_FILE)
+
+
+def load_sharded(path: str, weights_only: bool | None = None) -> dict[str, Any]:
+    """The full checkpoint dict of the sharded directory ``path`` (either layout), every tensor whole, loaded in this
+    process without collectives (so it may run while the Trainer restores)."""
+    store = CheckpointStore(path)
+    reader = dcp.FileSystemReader(path) if store.is_local else FsspecReader(path)
+    tensors: dict[str, Any] = {}  # filled from the checkpoint's own metadata, as dcp_to_torch_save does
+    _load_state_dict(tensors, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    with store.fs.open(store.path(METADATA_FILE), "rb") as handle:
+        meta: dict[str, Any] = torch.load(handle, weights_only=weights_only, map_location="cpu")
+    if SKELETON_KEY not in meta:  # Lightning's layout
+        optimizers = sorted((k for k in tensors if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
+        return {**meta, "state_dict": tensors["state_dict"], "optimizer_states": [tensors[k] for k in optimizers]}
+    checkpoint = meta[SKELETON_KEY]["skeleton"]
+    for key, path_in in meta[SKELETON_KEY]["paths"].items():
+        *parents, last = path_in
+        _at(checkpoint, tuple(parents))[last] = tensors[key]
+    return checkpoint
+
+
+class ShardedAwareCheckpointIO(CheckpointIO):
+    """Lightning ``CheckpointIO`` that loads sharded directories with :func:`load_sharded` and delegates everything
+    else to the ``CheckpointIO`` it wraps; set on DDP-like strategies, whose own loader reads single files only."""
+
+    def __init__(self, inner: CheckpointIO) -> None:
+        self.inner = inner
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        self.inner.save_checkpoint(checkpoint, path, storage_options)
+
+    def load_checkpoint(
+        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        if is_sharded_checkpoint(str(path)):
+            return load_sharded(str(path), weights_only=weights_only)
+        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.inner.teardown()

@@ -1,0 +1,86 @@
+"""ResumableCheckpoint(sharded=True) in one process: the directory layout, its manifest, exact auto-resume,
+corruption detected per file, and consolidation into one file."""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch import Trainer, seed_everything
+
+from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale.callbacks import ResumableCheckpoint
+from lightning_scale.checkpoint import CheckpointStore, consolidate_checkpoint, find_newest_valid
+from lightning_scale.checkpoint.manifest import read_manifest
+
+
+def fit(dirpath, trainer_kwargs, max_steps, **checkpoint_kwargs):
+    seed_everything(0)
+    model = CharTransformer(vocab_size=64)
+    checkpoint = ResumableCheckpoint(dirpath=str(dirpath), every_n_train_steps=5, sharded=True, **checkpoint_kwargs)
+    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint], **trainer_kwargs)
+    trainer.fit(model, datamodule=CharDataModule(batch_size=8, augment=True))
+    return trainer, model
+
+
+def test_a_sharded_checkpoint_is_a_directory_vouched_for_file_by_file(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=15, keep_last_k=2)
+    store = CheckpointStore(str(tmp_path))
+    assert [n for n in store.names() if n.endswith(".ckpt")] == ["epoch=0-step=10.ckpt", "epoch=0-step=15.ckpt"]
+    manifest = read_manifest(store, "epoch=0-step=15.ckpt")
+    assert manifest.files is not None and {".metadata", "meta.pt", "__0_0.distcp"} <= set(manifest.files)
+    on_disk = {p.name: p.stat().st_size for p in (tmp_path / "epoch=0-step=15.ckpt").iterdir()}
+    assert {name: size for name, (size, _) in manifest.files.items()} == on_disk
+    assert manifest.size == sum(on_disk.values())
+
+
+def test_sharded_auto_resume_is_bitwise_exact(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=10)
+    resumed_trainer, resumed = fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=20)
+    _, reference = fit(tmp_path / "reference", tiny_trainer_kwargs, max_steps=20)
+    assert resumed_trainer.global_step == 20
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], tensor), name
+
+
+def test_a_corrupted_shard_is_named_and_the_older_checkpoint_chosen(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=10, keep_last_k=None)
+    shard = tmp_path / "epoch=0-step=10.ckpt" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    newest, skipped = find_newest_valid(CheckpointStore(str(tmp_path)))
+    assert newest is not None and newest.name == "epoch=0-step=5.ckpt"
+    assert len(skipped) == 1 and "__0_0.distcp does not match the manifest's sha256" in skipped[0]
+
+
+def test_consolidate_turns_a_sharded_checkpoint_into_one_file_that_loads_strictly(tmp_path, tiny_trainer_kwargs):
+    _, model = fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=5)
+    checkpoint = consolidate_checkpoint(tmp_path / "run" / "epoch=0-step=5.ckpt", tmp_path / "one.ckpt")
+    fresh = CharTransformer(vocab_size=64)
+    fresh.load_state_dict(torch.load(tmp_path / "one.ckpt", weights_only=True)["state_dict"], strict=True)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+    assert checkpoint["global_step"] == 5 and len(checkpoint["optimizer_states"]) == 1
+
+
+def test_save_last_replaces_the_last_directory_keeping_a_valid_copy_throughout(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=10, save_last=True, keep_last_k=None)
+    store = CheckpointStore(str(tmp_path))
+    last = read_manifest(store, "last.ckpt")
+    assert last.global_step == 10 and not [n for n in store.names() if ".previous" in n]
+    assert {name: digest for name, (_, digest) in last.files.items() if name.endswith(".distcp")} == {
+        name: digest
+        for name, (_, digest) in read_manifest(store, "epoch=0-step=10.ckpt").files.items()
+        if name.endswith(".distcp")
+    }  # the same tensors as the step-10 checkpoint
+    resumed, _ = fit(tmp_path, tiny_trainer_kwargs, max_steps=12, save_last=True)
+    assert resumed.global_step == 12
+
+
+def test_asynchronous_sharded_saves_resume_bitwise_exact(tmp_path, tiny_trainer_kwargs):
+    fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=10, async_save=True)
+    newest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "run")))
+    assert newest is not None and newest.global_step == 10 and newest.files is not None
+    _, resumed = fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=20, async_save=True)
+    _, reference = fit(tmp_path / "reference", tiny_trainer_kwargs, max_steps=20)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], tensor), name
