@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
+from tests.faulty_fs import FaultyFileSystem
+
 _SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
 
 
@@ -37,3 +39,11 @@ def tiny_trainer_kwargs(tmp_path) -> dict:
         "enable_model_summary": False,
         "limit_val_batches": 0,
     }
+
+
+@pytest.fixture
+def faulty() -> Iterator[type[FaultyFileSystem]]:
+    """The ``faulty://`` in-memory filesystem, empty, its gate open and no failures injected."""
+    FaultyFileSystem.reset()
+    yield FaultyFileSystem
+    FaultyFileSystem.reset()

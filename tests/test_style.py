@@ -30,8 +30,14 @@ def test_only_distributed_module_imports_torch_distributed(path):
         # torch's pipeline schedules are its own communication engine (point-to-point inside PipelineStage): the
         # strategy builds them but calls no collective itself; its broadcasts and reductions go through distributed.py
         allowed = {"torch.distributed.pipelining"}
-    if path.name == "consolidate.py":
-        allowed = {"torch.distributed.checkpoint.format_utils"}  # a file format converter, no process group
+    if path.name == "sharded.py":
+        # torch.distributed.checkpoint is torch's checkpoint engine (its planning gathers internally), called here
+        allowed = {
+            "torch.distributed.checkpoint",
+            "torch.distributed.checkpoint._fsspec_filesystem",
+            "torch.distributed.checkpoint.default_planner",
+            "torch.distributed.checkpoint.state_dict_loader",
+        }
     if path.parent.name == "model_parallel":
         # FSDP2 and tensor parallelism: torch's engines, applied here, not collectives called
         allowed = {"torch.distributed.fsdp", "torch.distributed.tensor.parallel"}

@@ -27,6 +27,7 @@ from lightning_scale._lightning_internals import (
     trainer_logs_this_step,
     writes_sharded_checkpoints,
 )
+from lightning_scale.callbacks._sharded_io import ShardedAwareCheckpointIO
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
@@ -44,7 +45,7 @@ from lightning_scale.checkpoint.manifest import (
     publish_directory,
     read_manifest,
 )
-from lightning_scale.checkpoint.sharded import ShardedAwareCheckpointIO, file_digests, save_sharded
+from lightning_scale.checkpoint.sharded import file_digests, save_sharded
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
 from lightning_scale.checkpoint.upload import upload_checkpoint
 

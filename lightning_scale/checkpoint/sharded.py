@@ -14,8 +14,9 @@ its path, and ``meta.pt`` holds the rest with the structure (``SKELETON_KEY``): 
 (integer keys of optimizer states, lists), which ``torch.distributed.checkpoint``'s own nesting does not.
 
 :func:`save_sharded` and :func:`file_digests` run on every rank (they use collectives); :func:`load_sharded` runs in
-one process without any. Completeness is vouched for by a manifest listing every file with its size and sha256
-(:mod:`lightning_scale.checkpoint.manifest`), which rank 0 publishes last.
+one process without any; ``lightning_scale.callbacks._sharded_io`` lets Lightning load them. Completeness is
+vouched for by a manifest listing every file with its size and sha256 (:mod:`lightning_scale.checkpoint.manifest`),
+which rank 0 publishes last.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from lightning.fabric.plugins.io import CheckpointIO
-from lightning.fabric.utilities.types import _PATH
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -37,7 +36,6 @@ from lightning_scale.checkpoint.store import CheckpointStore
 __all__ = [
     "METADATA_FILE",
     "SKELETON_KEY",
-    "ShardedAwareCheckpointIO",
     "file_digests",
     "is_sharded_checkpoint",
     "load_sharded",
@@ -147,27 +145,3 @@ def load_sharded(path: str, weights_only: bool | None = None) -> dict[str, Any]:
         *parents, last = path_in
         _at(checkpoint, tuple(parents))[last] = tensors[key]
     return checkpoint
-
-
-class ShardedAwareCheckpointIO(CheckpointIO):
-    """Lightning ``CheckpointIO`` that loads sharded directories with :func:`load_sharded` and delegates everything
-    else to the ``CheckpointIO`` it wraps; set on DDP-like strategies, whose own loader reads single files only."""
-
-    def __init__(self, inner: CheckpointIO) -> None:
-        self.inner = inner
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        self.inner.save_checkpoint(checkpoint, path, storage_options)
-
-    def load_checkpoint(
-        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
-    ) -> dict[str, Any]:
-        if is_sharded_checkpoint(str(path)):
-            return load_sharded(str(path), weights_only=weights_only)
-        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-
-    def remove_checkpoint(self, path: _PATH) -> None:
-        self.inner.remove_checkpoint(path)
-
-    def teardown(self) -> None:
-        self.inner.teardown()

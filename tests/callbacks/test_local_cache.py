@@ -11,14 +11,6 @@ from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore
 from lightning_scale.checkpoint.manifest import list_manifests
-from tests.faulty_fs import FaultyFileSystem
-
-
-@pytest.fixture
-def faulty():
-    FaultyFileSystem.reset()
-    yield FaultyFileSystem
-    FaultyFileSystem.reset()
 
 
 class AtStep(Callback):
