@@ -101,8 +101,39 @@ class Block(nn.Module):
         return x + self.mlp_drop(self.mlp(self.ln2(x)))
 
 
+class Embed(nn.Module):
+    """Token plus learned position embeddings, then dropout: ``(batch, seq)`` ids to ``(batch, seq, d_model)``."""
+
+    def __init__(self, vocab_size: int, block_size: int, d_model: int, dropout: float) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(block_size, d_model)
+        self.drop = nn.Dropout(dropout)
+
+    @override
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.tok(x) + self.pos(torch.arange(x.size(1), device=x.device)))
+
+
+class Head(nn.Module):
+    """Final layer norm and the projection to next-character logits."""
+
+    def __init__(self, d_model: int, vocab_size: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, vocab_size)
+
+    @override
+    def forward(self, h: Tensor) -> Tensor:
+        return self.out(self.ln(h))
+
+
 class CharTransformer(pl.LightningModule):
     """Tiny decoder-only transformer that predicts the next character.
+
+    The whole network is one ``nn.ModuleList``, ``model`` (embedding, blocks, head), applied in order: so
+    ``model_parallel`` shards it layer by layer and ``pipeline_parallel`` splits it into
+    stages; ``pipeline_loss_fn`` and ``pipeline_split_batch`` are the two methods the pipeline needs.
 
     Args:
         vocab_size: Number of token ids; must be at least the dataset's vocabulary size.
@@ -126,25 +157,29 @@ class CharTransformer(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.pos_emb = nn.Embedding(block_size, d_model)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList([Block(d_model, n_heads, block_size, dropout) for _ in range(n_layers)])
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab_size)
+        blocks = [Block(d_model, n_heads, block_size, dropout) for _ in range(n_layers)]
+        self.model = nn.ModuleList(
+            [Embed(vocab_size, block_size, d_model, dropout), *blocks, Head(d_model, vocab_size)]
+        )
 
     @override
     def forward(self, x: Tensor) -> Tensor:
         """Return next-character logits, shape ``(batch, seq, vocab_size)``, for token ids ``x`` of ``(batch, seq)``."""
-        pos = torch.arange(x.size(1), device=x.device)
-        h = self.drop(self.tok_emb(x) + self.pos_emb(pos))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln_f(h))
+        for layer in self.model:
+            x = layer(x)
+        return x
+
+    def pipeline_loss_fn(self, logits: Tensor, target: Tensor) -> Tensor:
+        """Mean next-character cross-entropy of ``logits`` against ``target`` ids."""
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+
+    def pipeline_split_batch(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """The model's input and the loss's target in a batch."""
+        return batch["x"], batch["y"]
 
     def _loss(self, batch: dict[str, Tensor]) -> Tensor:
-        logits = self(batch["x"])
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch["y"].reshape(-1))
+        inputs, target = self.pipeline_split_batch(batch)
+        return self.pipeline_loss_fn(self(inputs), target)
 
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:

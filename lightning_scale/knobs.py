@@ -10,6 +10,7 @@ __all__ = [
     "HTTP_TIMEOUT_S",
     "LOADER_STATE_HISTORY",
     "PREEMPTION_SAVE_MARGIN",
+    "PROGRESS_EVERY_S",
     "STORAGE_ATTEMPTS",
     "STORAGE_BACKOFF_S",
     "UPLOAD_PART_BYTES",
@@ -48,3 +49,6 @@ STORAGE_BACKOFF_S = _float("STORAGE_BACKOFF_S", 2.0)
 UPLOAD_PART_BYTES = _int("UPLOAD_PART_BYTES", 64 * 1024 * 1024)
 """Part size of multipart uploads to object stores that take one (s3fs): a checkpoint of at least two parts is sent
 as parts, concurrently, and a failed part is re-sent alone."""
+
+PROGRESS_EVERY_S = _float("PROGRESS_EVERY_S", 10.0)
+"""Shortest time between two writes of the progress marker that tells a restarted job how many steps it lost."""

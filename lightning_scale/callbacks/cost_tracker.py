@@ -113,6 +113,7 @@ class CostTracker(Callback):
         self._batch_size_warned = False
         self._config_written = False
         self._at_last_step = False
+        self._resumed = False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -170,17 +171,11 @@ class CostTracker(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         meter = self._meter()
-        resuming = meter.resuming
-        gap = meter.start()  # after a restore: bills the gap since the checkpoint's state
+        meter.start()  # after a restore: bills the gap since the checkpoint's state
         steps = trainer.estimated_stepping_batches  # max_steps when set; -1 or inf when unknown
         self._total_steps = int(steps) if math.isfinite(steps) and steps > 0 else None
         self._last_logged_step = trainer.global_step
-        if resuming and meter.last_gap_seconds is not None:
-            capped = "" if gap == meter.last_gap_seconds else f" (billed {gap:.0f} s: max_restart_gap_minutes)"
-            rank_zero_info(
-                f"Cost so far ${meter.usd(meter.seconds()):.4f}, including a restart gap of "
-                f"{meter.last_gap_seconds:.1f} s{capped} billed as preemption waste."
-            )
+        self._resumed = trainer.global_step > 0  # restored from a checkpoint
 
     @override
     def on_train_batch_start(
@@ -256,6 +251,18 @@ class CostTracker(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if self.meter is not None:
             self.meter.stop()
+
+    def resume_summary(self) -> str | None:
+        """After a restore: the cost so far and the restart gap billed (for the resume banner); else ``None``."""
+        meter = self.meter
+        if meter is None or not self._resumed:
+            return None
+        line = f"Cost so far: ${meter.usd(meter.seconds()):.4f}"
+        if meter.last_gap_seconds is None:  # resumed from the end of a finished run: no restart gap
+            return line + "."
+        gap = min(meter.last_gap_seconds, meter.max_restart_gap_seconds)
+        capped = "" if gap == meter.last_gap_seconds else f" (billed {gap:.0f} s: max_restart_gap_minutes)"
+        return f"{line}, including a restart gap of {meter.last_gap_seconds:.1f} s{capped} billed as preemption waste."
 
     def report(self, step: int) -> CostReport:
         """The cost figures now, at optimizer step ``step``."""

@@ -29,6 +29,7 @@ from lightning_scale._lightning_internals import (
 )
 from lightning_scale.callbacks._sharded_io import ShardedAwareCheckpointIO
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks.cost_tracker import CostTracker
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
 from lightning_scale.checkpoint.background import BackgroundWriter, HostStager
@@ -45,6 +46,7 @@ from lightning_scale.checkpoint.manifest import (
     publish_directory,
     read_manifest,
 )
+from lightning_scale.checkpoint.progress import ProgressMarker, ResumeInfo
 from lightning_scale.checkpoint.sharded import file_digests, save_sharded
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
 from lightning_scale.checkpoint.upload import upload_checkpoint
@@ -200,6 +202,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._run_id: str | None = None
         self._generation = 0
         self._resumed_at: tuple[int, int] | None = None
+        self._resume_info: ResumeInfo | None = None
+        self._progress: ProgressMarker | None = None
         self._trainer: pl.Trainer | None = None
         self._store: CheckpointStore | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -256,6 +260,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._on_storage(self._remove_partial_files, "Cleaning unfinished saves")
         self._run_id = distributed.broadcast_object(uuid.uuid4().hex)
         self._generation, self._resumed_at = 0, None
+        self._progress = ProgressMarker(self.store)
         if self.data_state and not any(isinstance(cb, DataStateCheckpoint) for cb in trainer.callbacks):
             trainer.callbacks.append(DataStateCheckpoint())  # Lightning's setup loop reaches it next
         wandb = any(isinstance(logger, WandbLogger) for logger in trainer.loggers)
@@ -316,11 +321,17 @@ class ResumableCheckpoint(ModelCheckpoint):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         self._finish_background_saves(trainer)
+        self._record_progress(trainer, force=True)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
         self._finish_background_saves(trainer)  # the save in flight holds a valid earlier state: let it land
+        self._record_progress(trainer, force=True)
+
+    def _record_progress(self, trainer: pl.Trainer, force: bool = False) -> None:
+        if trainer.is_global_zero and self._progress is not None:
+            self._progress.record(trainer.global_step, force=force)
 
     def _on_storage(self, fn: Callable[[], T], what: str = "", every_rank: bool = False) -> T:
         """Run storage work on rank 0 (or every rank) and raise ``CheckpointStorageError`` on all ranks if it fails."""
@@ -353,16 +364,19 @@ class ResumableCheckpoint(ModelCheckpoint):
             return None
         _check_same_model(manifest, trainer.lightning_module, self.store.url(manifest.name))
         path = self.store.url(manifest.name)
-        age_s = time.time() - manifest.created_unix
-        rank_zero_info(
-            f"Auto-resuming from {path} (global step {manifest.global_step}, epoch {manifest.epoch}, "
-            f"written {age_s:.1f} s ago)."
-        )
+        if trainer.is_global_zero:  # for the banner at on_train_start, once every callback has restored its state
+            last_seen = self._progress.last_step() if self._progress is not None else None
+            age_s = time.time() - manifest.created_unix
+            self._resume_info = ResumeInfo(path, manifest.global_step, manifest.epoch, age_s, last_seen)
         return path
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        if self._resume_info is not None:  # rank 0; Lightning runs checkpoint callbacks' hooks last: costs are in
+            trackers = [cb for cb in trainer.callbacks if isinstance(cb, CostTracker)]
+            rank_zero_info(self._resume_info.banner(trackers[0].resume_summary() if trackers else None))
+            self._resume_info = None
         self._last_save_time = self._clock()
         position = self._resumed_at or (self._generation, trainer.global_step)
         newer, top_generation = self._on_storage(lambda: _newer_checkpoints(self.store, position), "Listing")
@@ -384,6 +398,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         batch_idx: int,
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._record_progress(trainer, force=self._last_global_step_saved == trainer.global_step)
         if self.every_n_minutes is None:
             return
         interval = self._interval_seconds()

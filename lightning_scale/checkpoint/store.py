@@ -130,6 +130,10 @@ class CheckpointStore:
         self.write_with(temporary, lambda handle: handle.write(data))
         self.publish(temporary, name)
 
+    def write_advisory(self, name: str, data: bytes) -> None:
+        """Write a small advisory file in one attempt, not atomically: its reader must tolerate it torn or missing."""
+        self.fs.pipe_file(self.path(name), data)
+
     def write_with(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
         """Create ``name`` from what ``write(handle)`` writes, durably; retried whole on transient errors.
 

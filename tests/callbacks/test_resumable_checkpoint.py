@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from pathlib import Path
 
@@ -11,8 +12,10 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from examples.char_transformer import CharDataModule, CharTransformer
-from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
+from lightning_scale import knobs
+from lightning_scale.callbacks import CostTracker, DataStateCheckpoint, ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError, CheckpointStore, find_newest_valid
+from lightning_scale.checkpoint.progress import PROGRESS_NAME, ProgressMarker
 
 
 class FirstStep(Callback):
@@ -95,7 +98,7 @@ def test_no_checkpoint_means_a_fresh_start(tmp_path, tiny_trainer_kwargs):
 def test_checkpoint_of_a_different_model_is_refused_and_left_intact(tmp_path, tiny_trainer_kwargs):
     fit(tmp_path, tiny_trainer_kwargs, max_steps=5, every_n_train_steps=5)
     before = digests(tmp_path)
-    with pytest.raises(ValueError, match=r"different model .*shape \[48, 48\] here but \[32, 32\].*new dirpath"):
+    with pytest.raises(ValueError, match=r"different model .*shape \[144, 48\] here but \[96, 32\].*new dirpath"):
         fit(tmp_path, tiny_trainer_kwargs, max_steps=10, every_n_train_steps=5, d_model=48)
     assert digests(tmp_path) == before
 
@@ -265,3 +268,31 @@ def test_validate_after_fit_with_the_callbacks_present_works(tmp_path, tiny_trai
     Trainer(callbacks=[ResumableCheckpoint(dirpath=str(tmp_path))], **kwargs).validate(
         model, datamodule=CharDataModule(batch_size=8), ckpt_path=checkpoint.best_model_path
     )
+
+
+def test_a_resumed_fit_prints_a_banner_with_the_steps_lost_and_the_cost_so_far(
+    tmp_path, tiny_trainer_kwargs, monkeypatch, caplog
+):
+    monkeypatch.setattr(knobs, "PROGRESS_EVERY_S", 0.0)  # the marker follows every step
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=12, every_n_train_steps=5, extra_callbacks=[CostTracker(3600.0)])
+    assert ProgressMarker(CheckpointStore(str(tmp_path))).last_step() == 12  # checkpoints at 5 and 10 only
+    with caplog.at_level("INFO"):
+        fit(tmp_path, tiny_trainer_kwargs, max_steps=15, every_n_train_steps=5, extra_callbacks=[CostTracker(3600.0)])
+    banner = re.search(
+        r"Auto-resuming from (\S+) \(global step 10, epoch 0, written [\d.]+ s ago\)\.\n(.*)\n(.*)", caplog.text
+    )
+    assert banner is not None, caplog.text
+    assert banner.group(1) == str(tmp_path / "epoch=0-step=10.ckpt")
+    assert banner.group(2) == "  Steps lost: 2 (the previous attempt reached step 12)."
+    assert re.fullmatch(
+        r"  Cost so far: \$[\d.]+, including a restart gap of [\d.]+ s billed as preemption waste\.", banner.group(3)
+    )
+
+
+def test_without_a_progress_record_the_steps_lost_are_unknown(tmp_path, tiny_trainer_kwargs, caplog):
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=5, every_n_train_steps=5)
+    (tmp_path / PROGRESS_NAME).unlink()
+    with caplog.at_level("INFO"):
+        fit(tmp_path, tiny_trainer_kwargs, max_steps=6, every_n_train_steps=5)
+    assert "  Steps lost: unknown (no progress record)." in caplog.text
+    assert "Cost so far" not in caplog.text  # no CostTracker

@@ -1,5 +1,5 @@
-"""data_parallel and model_parallel from LightningCLI on 2 processes (Lightning's own launcher); bad arguments
-refused early."""
+"""data_parallel and model_parallel from the ``lightning-scale`` command on 2 processes (Lightning's own launcher), with
+init args; bad arguments refused early. The shipped example configs run in tests/test_cli.py."""
 
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ COMMON = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_ste
             "--trainer.strategy.powersgd_warmup_steps=2",
             "--trainer.precision=bf16-mixed",
         ],
-        ["--trainer.strategy=model_parallel"],
         [
             "--trainer.strategy=lightning_scale.strategies.ModelParallelStrategy",
             "--trainer.strategy.tensor_parallel_size=2",
@@ -40,7 +39,6 @@ COMMON = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_ste
     ids=[
         "data-parallel",
         "data-parallel-init-args-bf16-mixed",
-        "model-parallel",
         "model-parallel-tensor-parallel-bf16-mixed",
     ],
 )
@@ -49,10 +47,14 @@ def test_lightning_cli_trains_with_the_strategy(tmp_path, args):
     command = [
         sys.executable,
         "-m",
-        "tests.parallel.cli",
+        "lightning_scale",
         "fit",
+        "--model=examples.char_transformer.CharTransformer",
+        "--data=examples.char_transformer.CharDataModule",
         *COMMON,
         f"--trainer.default_root_dir={tmp_path}",
+        f"--checkpoint.dirpath={tmp_path / 'checkpoints'}",
+        "--cost.price_per_hour=1",
     ]
     done = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

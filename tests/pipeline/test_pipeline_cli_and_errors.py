@@ -1,4 +1,5 @@
-"""pipeline_parallel from LightningCLI (2 processes through Lightning's own launcher), and bad input refused early."""
+"""pipeline_parallel from the ``lightning-scale`` command (2 processes through Lightning's own launcher), and bad
+input refused early."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ COMMON = ["--trainer.accelerator=cpu", "--trainer.max_steps=4", "--trainer.logge
 
 def cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "tests.pipeline.cli", "fit", *COMMON, f"--trainer.default_root_dir={tmp_path}"]
+    command = [sys.executable, "-m", "lightning_scale", "fit", "--model=tests.pipeline.stack_model.StackModel",
+               "--data=tests.pipeline.stack_model.StackData", *COMMON, f"--trainer.default_root_dir={tmp_path}",
+               f"--checkpoint.dirpath={tmp_path / 'checkpoints'}", "--cost.price_per_hour=1"]  # fmt: skip
     return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
 
 

@@ -1,0 +1,148 @@
+"""The ``lightning-scale`` command: LightningCLI with checkpoints, preemption handling and cost tracking on.
+
+    lightning-scale fit --config examples/configs/data_parallel.yaml
+    lightning-scale fit --model my_pkg.MyModule --data my_pkg.MyData --trainer.strategy pipeline_parallel \\
+        --checkpoint.dirpath s3://bucket/run --cost.provider gcp --cost.instance_type a2-highgpu-1g --cost.spot true
+    lightning-scale consolidate CHECKPOINT OUT
+
+Importing :mod:`lightning_scale` registers its strategies, so ``--trainer.strategy data_parallel``,
+``model_parallel`` and ``pipeline_parallel`` (and their class paths with ``--trainer.strategy.<arg>``) work; any
+callback can be added by class path (``--trainer.callbacks+=lightning_scale.callbacks.DivergenceRollback``).
+Three callbacks are on by default, each configured under its own key or switched off with ``null``:
+
+- ``--checkpoint`` :class:`~lightning_scale.callbacks.ResumableCheckpoint` (``dirpath`` default
+  ``checkpoints``): atomic checkpoints, and auto-resume from the newest valid one;
+- ``--preemption`` :class:`~lightning_scale.callbacks.SpotPreemption` (SIGTERM/SIGUSR1 by default): stop every
+  rank at the same step, checkpoint, exit 143 for the orchestrator to restart the job;
+- ``--cost`` :class:`~lightning_scale.callbacks.CostTracker`: needs the price of a node
+  (``--cost.price_per_hour``, or ``--cost.provider`` and ``--cost.instance_type``).
+
+A callback of one of these classes given in ``--trainer.callbacks`` replaces the default one.
+
+The progress bar is Rich's, with the cost so far. Class paths in the current directory (``examples.…``,
+your own package) are found as with ``python -m``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import StrategyRegistry
+
+import lightning_scale  # registers the strategies
+from lightning_scale.callbacks import CostTracker, ResumableCheckpoint, SpotPreemption
+from lightning_scale.checkpoint import consolidate_checkpoint
+
+__all__ = ["ScaleCLI", "main"]
+
+DEFAULT_CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
+    "checkpoint": (ResumableCheckpoint, {"dirpath": "checkpoints"}),
+    "preemption": (SpotPreemption, {}),
+    "cost": (CostTracker, {}),
+}
+
+
+class ScaleCLI(LightningCLI):
+    """LightningCLI with the :data:`DEFAULT_CALLBACKS` as configurable keys and a strategy name check.
+
+    Args:
+        args: Command-line arguments (default: ``sys.argv[1:]``); everything else as :class:`LightningCLI`.
+
+    Example:
+        >>> cli = ScaleCLI(args=["--model=examples.char_transformer.CharTransformer", "--print_config"], run=False)
+        ... # doctest: +SKIP
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_kwargs", {"prog": "lightning-scale"})
+        # a restarted job runs the same command again: its config.yaml is already there
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Add ``--checkpoint``, ``--preemption`` and ``--cost``: on by default, ``null`` switches one off."""
+        for key, (callback, init_args) in DEFAULT_CALLBACKS.items():
+            parser.add_lightning_class_args(callback, key, subclass_mode=True, required=False)
+            class_path = f"{callback.__module__}.{callback.__qualname__}"
+            parser.set_defaults({key: {"class_path": class_path, "init_args": init_args}})
+
+    def before_instantiate_classes(self) -> None:
+        """Refuse an unknown strategy name and a missing price before anything is built."""
+        config = self.config.get(str(self.subcommand), self.config)
+        strategy = config.get("trainer", {}).get("strategy")
+        if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
+            names = ", ".join(sorted(StrategyRegistry.available_strategies()))
+            self._error(f"--trainer.strategy {strategy!r} is not a registered strategy; choose one of: {names}.")
+        cost = config.get("cost")
+        priced = cost is None or cost.init_args.get("price_per_hour") is not None
+        if not priced and (cost.init_args.get("provider") is None or cost.init_args.get("instance_type") is None):
+            self._error(
+                "--cost needs the price of one node: --cost.price_per_hour 3.2, or --cost.provider gcp "
+                "--cost.instance_type a2-highgpu-1g (add --cost.spot true on spot capacity); --cost null switches "
+                "cost tracking off."
+            )
+
+    def instantiate_classes(self) -> None:
+        """Build the classes; a bad argument refused by a lightning-scale class is a usage error, not a traceback."""
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            ours = _raised_by_lightning_scale(error)
+            if ours is None:
+                raise
+            self._error(str(ours))
+
+    def _error(self, message: str) -> None:
+        self._parser(self.subcommand).error(message)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        given = config.get("callbacks") or []
+        given = given if isinstance(given, list) else [given]
+        # a default switched off is None; one the user also added in --trainer.callbacks gives way to theirs
+        callbacks = [c for c in callbacks if c is not None and not any(isinstance(g, type(c)) for g in given)]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks.append(RichProgressBar())  # with the cost so far (CostTracker's progress_bar)
+        return super()._instantiate_trainer(config, callbacks)
+
+
+def _raised_by_lightning_scale(error: BaseException) -> BaseException | None:
+    """``error`` or the exception it was raised from whose innermost frame is lightning-scale code, if any."""
+    package = os.path.dirname(os.path.abspath(lightning_scale.__file__))
+    while error is not None:
+        traceback = error.__traceback__
+        while traceback is not None and traceback.tb_next is not None:
+            traceback = traceback.tb_next
+        if traceback is not None and traceback.tb_frame.f_code.co_filename.startswith(package + os.sep):
+            return error
+        error = error.__cause__  # type: ignore[assignment]
+    return None
+
+
+def _consolidate(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="lightning-scale consolidate",
+        description="Write a sharded (or single-file) checkpoint as one file that torch.load and Lightning read.",
+    )
+    parser.add_argument("checkpoint", help="checkpoint directory or file, local path or fsspec URL")
+    parser.add_argument("out", help="the single file to write")
+    args = parser.parse_args(argv)
+    consolidate_checkpoint(args.checkpoint, args.out)
+    print(f"Consolidated {args.checkpoint} into {args.out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``lightning-scale`` and ``python -m lightning_scale``."""
+    explicit = argv is not None
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["consolidate"]:
+        _consolidate(argv[1:])
+        return
+    if os.getcwd() not in sys.path:  # class paths in the current directory, as `python -m` finds them
+        sys.path.insert(0, os.getcwd())
+    ScaleCLI(args=argv if explicit else None)

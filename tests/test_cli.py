@@ -1,0 +1,151 @@
+"""The ``lightning-scale`` command (LightningCLI): default callbacks, every callback by class path, ``--print_config``
+round trip, ``consolidate``, and bad input refused with the CLI's own errors. The strategies through this command, on 2
+processes, are in tests/parallel/test_cli.py and tests/pipeline/test_pipeline_cli_and_errors.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from examples.char_transformer import CharTransformer
+from tests.wandb_records import history_values, read_records
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ["--model=examples.char_transformer.CharTransformer", "--model.vocab_size=64",
+           "--data=examples.char_transformer.CharDataModule"]  # fmt: skip
+QUICK = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_steps=6", "--trainer.limit_val_batches=2",
+         "--trainer.val_check_interval=3", "--trainer.enable_model_summary=false"]  # fmt: skip
+
+
+def lightning_scale(tmp_path: Path, *args: str, console_script: bool = False) -> subprocess.CompletedProcess:
+    """Run the command from the checkout (so ``examples.…`` class paths resolve), writing only under ``tmp_path``."""
+    entry = (
+        [str(Path(sys.executable).parent / "lightning-scale")]
+        if console_script
+        else [sys.executable, "-m", "lightning_scale"]
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    return subprocess.run([*entry, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def output(done: subprocess.CompletedProcess) -> str:
+    return done.stdout + done.stderr
+
+
+def test_default_callbacks_are_on_and_every_callback_can_be_added_by_class_path(tmp_path):
+    done = lightning_scale(
+        tmp_path, "fit", *EXAMPLE, *QUICK,
+        f"--trainer.default_root_dir={tmp_path}",
+        f"--checkpoint.dirpath={tmp_path / 'ckpts'}", "--checkpoint.every_n_train_steps=3",
+        "--cost.price_per_hour=2.5",
+        "--trainer.logger=lightning.pytorch.loggers.WandbLogger", "--trainer.logger.offline=true",
+        f"--trainer.logger.save_dir={tmp_path}", "--trainer.logger.project=cli-test",
+        "--trainer.callbacks+=lightning_scale.callbacks.BudgetedEarlyStopping",
+        "--trainer.callbacks.monitor=val_loss", "--trainer.callbacks.max_cost_usd=100",
+        "--trainer.callbacks+=lightning_scale.callbacks.DivergenceRollback", "--trainer.callbacks.max_rollbacks=1",
+        "--trainer.callbacks+=lightning_scale.callbacks.DataStateCheckpoint",
+        "--trainer.callbacks+=lightning_scale.callbacks.WandbResume",
+        "--trainer.callbacks+=lightning_scale.callbacks.SpotPreemption",
+        "--trainer.callbacks.sources+=lightning_scale.preemption.FileNotice",
+        f"--trainer.callbacks.sources.path={tmp_path / 'notice'}",
+    )  # fmt: skip
+    assert done.returncode == 0, output(done)[-4000:]
+    assert "`Trainer.fit` stopped: `max_steps=6` reached." in output(done)
+    assert sorted(p.name for p in (tmp_path / "ckpts").glob("*.ckpt")) == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"]
+    assert "Cost: $" in output(done) and "for 6 steps" in output(done)  # CostTracker's summary
+    [run_file] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert [float(v) > 0 for v in history_values(read_records(run_file), "cost/usd_total")][-1:] == [True]
+
+
+def test_a_second_run_of_the_same_command_resumes_with_the_banner(tmp_path):
+    def command(max_steps: int) -> list[str]:
+        return ["fit", *EXAMPLE, *QUICK, f"--trainer.max_steps={max_steps}", f"--trainer.default_root_dir={tmp_path}",
+                "--trainer.logger=false", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+                "--checkpoint.every_n_train_steps=3", "--cost.price_per_hour=2.5"]  # fmt: skip
+
+    assert lightning_scale(tmp_path, *command(6)).returncode == 0
+    done = lightning_scale(tmp_path, *command(9))
+    assert done.returncode == 0, output(done)[-4000:]
+    assert "Auto-resuming from" in output(done) and "epoch=0-step=6.ckpt (global step 6" in output(done)
+    assert "  Steps lost: 0 (the previous attempt reached step 6)." in output(done)
+    assert "  Cost so far: $" in output(done)
+
+
+def test_defaults_can_be_switched_off_and_print_config_is_a_valid_config(tmp_path):
+    done = lightning_scale(tmp_path, "fit", *EXAMPLE, *QUICK, "--cost=null", "--preemption=null",
+                           f"--checkpoint.dirpath={tmp_path / 'ckpts'}", "--print_config")  # fmt: skip
+    assert done.returncode == 0, output(done)[-4000:]
+    config = yaml.safe_load(done.stdout)
+    assert config["cost"] is None and config["preemption"] is None
+    assert config["checkpoint"]["class_path"] == "lightning_scale.ResumableCheckpoint"
+    path = tmp_path / "config.yaml"
+    path.write_text(done.stdout)
+    again = lightning_scale(tmp_path, "fit", f"--config={path}", f"--trainer.default_root_dir={tmp_path}",
+                            "--trainer.logger=false")  # fmt: skip
+    assert again.returncode == 0, output(again)[-4000:]
+    assert "Cost: $" not in output(again)
+    assert (tmp_path / "ckpts").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--trainer.strategy=pipeline_paralel"],
+            r"'pipeline_paralel' is not a registered strategy; choose one of: .*model_parallel.*pipeline_parallel",
+        ),
+        (["--checkpoint.every_n_train_step=3"], r"Option 'every_n_train_step' is not accepted"),
+        (["--trainer.max_stepz=3"], r"unrecognized arguments: --trainer.max_stepz=3"),
+        (
+            ["--cost.price_per_hour=null"],
+            r"--cost needs the price of one node: --cost.price_per_hour 3.2, .*--cost null",
+        ),
+        (["--checkpoint.keep_last_k=0"], r"keep_last_k=0 must be >= 1"),
+    ],
+    ids=["unknown-strategy", "unknown-callback-arg", "unknown-trainer-arg", "no-price", "bad-value"],
+)
+def test_bad_input_is_a_usage_error_not_a_traceback(tmp_path, args, message):
+    dirpath = tmp_path / "ckpts"
+    done = lightning_scale(
+        tmp_path, "fit", *EXAMPLE, *QUICK, f"--checkpoint.dirpath={dirpath}", "--cost.price_per_hour=1", *args
+    )
+    assert done.returncode == 2, output(done)[-3000:]
+    assert "Traceback" not in output(done)
+    assert re.search(message, done.stderr), done.stderr[-3000:]
+    assert not dirpath.exists()  # refused before anything was written
+
+
+def test_consolidate_writes_one_file_that_loads_into_the_model(tmp_path):
+    done = lightning_scale(tmp_path, "fit", *EXAMPLE, *QUICK, "--cost=null", "--trainer.logger=false",
+                           f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+                           "--checkpoint.sharded=true", "--checkpoint.every_n_train_steps=6")  # fmt: skip
+    assert done.returncode == 0, output(done)[-4000:]
+    [sharded] = (tmp_path / "ckpts").glob("*.ckpt")
+    assert sharded.is_dir()
+    done = lightning_scale(tmp_path, "consolidate", str(sharded), str(tmp_path / "one.ckpt"), console_script=True)
+    assert done.returncode == 0, output(done)[-3000:]
+    state = torch.load(tmp_path / "one.ckpt", weights_only=False)["state_dict"]
+    CharTransformer(vocab_size=64).load_state_dict(state, strict=True)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", ["data_parallel", "model_parallel", "pipeline_parallel"])
+def test_the_example_config_of_each_strategy_trains_on_2_processes(tmp_path, strategy):
+    done = lightning_scale(
+        tmp_path, "fit", f"--config=examples/configs/{strategy}.yaml", "--trainer.max_steps=4",
+        "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1", "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+        "--checkpoint.every_n_train_steps=4",
+    )  # fmt: skip
+    assert done.returncode == 0, output(done)[-4000:]
+    assert "`Trainer.fit` stopped: `max_steps=4` reached." in output(done)
+    assert "Cost: $" in output(done)
+    assert [p.name for p in (tmp_path / "ckpts").glob("*.ckpt")] == ["epoch=0-step=4.ckpt"]
