@@ -1,16 +1,20 @@
-"""`make demo`: a 2-process CPU DDP run is killed mid-epoch, re-run with the same command, and resumes by itself.
+"""`make demo`: a 2-process CPU DDP job is preempted mid-run, restarted by torchrun, resumes exactly, and is priced.
 
-The job is ``examples/train.py`` under ``torchrun``. Once its checkpoint at step ``--kill-after`` is durable, the demo
-kills the whole job with SIGKILL (as a lost machine would), then starts the very same command again: the
-``ResumableCheckpoint`` finds the newest valid checkpoint, every rank gets back its own data position and RNG state,
-and training continues where it stopped.
+The job is ``lightning-scale fit --config examples/configs/demo.yaml`` under ``torchrun --max-restarts 2``. Once its
+checkpoint at step ``--preempt-after`` is durable, the demo sends SIGTERM to rank 1, as a spot reclaim does:
+``SpotPreemption`` stops both ranks at the same step, ``ResumableCheckpoint`` saves it, the workers exit 143, torchrun
+restarts them, and the restarted job prints its resume banner and carries on from that step. The same job run
+without interruption must end with bitwise identical weights; the cost summary and the W&B run come last.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,66 +25,103 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
-from lightning_scale.testing.processes import kill_process_tree
+from lightning_scale.testing.processes import descendants, kill_process_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def newest_step(ckpt_dir: Path) -> int:
+def newest_checkpoint(ckpt_dir: Path) -> tuple[int, str | None]:
     manifest, _ = find_newest_valid(CheckpointStore(str(ckpt_dir)))
-    return -1 if manifest is None else manifest.global_step
+    return (-1, None) if manifest is None else (manifest.global_step, str(ckpt_dir / manifest.name))
 
 
-def run(command: list[str], kill_after: int | None, ckpt_dir: Path, timeout_s: float) -> int:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(command, cwd=ROOT, env=env)
-    deadline = time.monotonic() + timeout_s
-    while process.poll() is None:
-        if kill_after is not None and newest_step(ckpt_dir) >= kill_after:
-            kill_process_tree(process.pid)
-            process.wait()
-            print(f"\n>>> Killed the whole job with SIGKILL after its checkpoint at step {newest_step(ckpt_dir)}.\n")
-            return process.returncode
+def rank_process(launcher: int, rank: int) -> int | None:
+    """The pid of the worker of ``rank`` below the torchrun process ``launcher``."""
+    for pid in descendants(launcher):
+        try:
+            if f"\0RANK={rank}\0" in "\0" + Path(f"/proc/{pid}/environ").read_text(errors="replace"):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def run(command: list[str], workdir: Path, preempt_after: int | None, timeout_s: float) -> str:
+    """Run ``command``, echo its output as it comes, SIGTERM rank 1 once a checkpoint at ``preempt_after`` exists."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
+    if sys.stdout.isatty():
+        env["TTY_INTERACTIVE"] = "1"  # the Rich progress bar, live, through the pipe
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert process.stdout is not None
+    output, deadline = bytearray(), time.monotonic() + timeout_s
+    while True:
+        if select.select([process.stdout], [], [], 0.2)[0]:
+            chunk = os.read(process.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            output += chunk
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+        if preempt_after is not None and newest_checkpoint(workdir / "checkpoints")[0] >= preempt_after:
+            pid = rank_process(process.pid, rank=1)
+            if pid is not None:
+                os.kill(pid, signal.SIGTERM)
+                print(
+                    f"\n>>> Spot reclaim: SIGTERM to rank 1 (pid {pid}) after the checkpoint at step {preempt_after}.\n"
+                )
+                preempt_after = None
         if time.monotonic() > deadline:
             kill_process_tree(process.pid)
             raise SystemExit(f"the job did not finish within {timeout_s:.0f} s")
-        time.sleep(0.1)
-    return process.returncode
+    if process.wait() != 0:
+        raise SystemExit(f"the job failed with exit code {process.returncode}")
+    return output.decode(errors="replace")
+
+
+def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
+    _, path = newest_checkpoint(workdir / "checkpoints")
+    assert path is not None, f"no checkpoint in {workdir}"
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", default=str(ROOT / "runs" / "demo"), help="fresh directory for the run")
+    parser.add_argument("--workdir", default=str(ROOT / "runs" / "demo"), help="fresh directory for the runs")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps of the job")
-    parser.add_argument("--kill-after", type=int, default=125, help="kill once this step's checkpoint is durable")
+    parser.add_argument("--preempt-after", type=int, default=125, help="preempt once this step's checkpoint is durable")
     args = parser.parse_args()
 
-    workdir = Path(args.workdir)
+    workdir = Path(args.workdir).resolve()
     shutil.rmtree(workdir, ignore_errors=True)
 
     def command(name: str) -> list[str]:
+        out = workdir / name
         return [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "examples/train.py",
-            "--ckpt-dir", str(workdir / name / "checkpoints"), "--steps", str(args.steps),
-            "--save-weights", str(workdir / name / "final.pt"),
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=2",
+            "-m", "lightning_scale", "fit", "--config=examples/configs/demo.yaml", f"--trainer.max_steps={args.steps}",
+            f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}",
+            f"--checkpoint.dirpath={out / 'checkpoints'}",
         ]  # fmt: skip
 
+    print(">>> The job:", " ".join(["torchrun", *command("job")[3:]]), flush=True)
     started = time.monotonic()
-    print(">>> Attempt 1:", " ".join(command("job")[1:]), flush=True)
-    run(command("job"), args.kill_after, workdir / "job" / "checkpoints", timeout_s=300)
-    print(">>> Attempt 2: the same command again", flush=True)
-    if run(command("job"), None, workdir / "job" / "checkpoints", timeout_s=300) != 0:
-        raise SystemExit("the resumed job failed")
+    output = run(command("job"), workdir / "job", args.preempt_after, timeout_s=300)
     elapsed = time.monotonic() - started
     print(">>> For comparison, the same job without interruption", flush=True)
-    if run(command("uninterrupted"), None, workdir / "uninterrupted" / "checkpoints", timeout_s=300) != 0:
-        raise SystemExit("the uninterrupted job failed")
-    resumed = torch.load(workdir / "job" / "final.pt", weights_only=True)
-    reference = torch.load(workdir / "uninterrupted" / "final.pt", weights_only=True)
-    identical = all(torch.equal(resumed[name], tensor) for name, tensor in reference.items())
-    print(f">>> Killed and resumed job: {args.steps} steps in {elapsed:.0f} s over 2 attempts. Final weights "
-          f"{'bitwise IDENTICAL to' if identical else 'DIFFERENT from'} the uninterrupted run.")  # fmt: skip
-    if not identical:
+    run(command("uninterrupted"), workdir / "uninterrupted", None, timeout_s=300)
+
+    resumed, reference = final_weights(workdir / "job"), final_weights(workdir / "uninterrupted")
+    identical = resumed.keys() == reference.keys() and all(torch.equal(resumed[k], v) for k, v in reference.items())
+    banner = re.search(r"Auto-resuming from .*\n(  .*\n)*", output)
+    costs = re.findall(r"^Cost: .*$", output, flags=re.MULTILINE)
+    runs = sorted((workdir / "job" / "wandb").glob("offline-run-*"))
+    print("\n>>> Summary")
+    print(f"Preempted, restarted by torchrun and resumed: {args.steps} steps in {elapsed:.0f} s.")
+    print(banner.group(0).rstrip() if banner else "No resume banner: the job was never restarted.")
+    print(costs[-1] if costs else "No cost summary.")
+    print(f"Final weights {'bitwise IDENTICAL to' if identical else 'DIFFERENT from'} the uninterrupted run.")
+    print(f"W&B offline run: {runs[-1] if runs else 'none'} (upload with `wandb sync {runs[-1] if runs else ''}`)")
+    if not (identical and banner and costs and runs):
         raise SystemExit(1)
 
 

@@ -257,7 +257,7 @@ class CostTracker(Callback):
         meter = self.meter
         if meter is None or not self._resumed:
             return None
-        line = f"Cost so far: ${meter.usd(meter.seconds()):.4f}"
+        line = f"Cost so far: {_usd(meter.usd(meter.seconds()))}"
         if meter.last_gap_seconds is None:  # resumed from the end of a finished run: no restart gap
             return line + "."
         gap = min(meter.last_gap_seconds, meter.max_restart_gap_seconds)
@@ -323,14 +323,19 @@ def _checkpoint_monitors(trainer: pl.Trainer) -> list[tuple[str, str]]:
     ]
 
 
+def _usd(value: float) -> str:
+    """Dollars to the cent and beyond for large amounts, to 3 significant digits for the tiny per-step figures."""
+    return f"${value:.4f}" if value == 0 or abs(value) >= 0.01 else f"${value:.3g}"
+
+
 def _summary_line(report: CostReport, step: int) -> str:
-    parts = [f"Cost: ${report.usd_total:.4f} for {step} steps over {report.hours * 60:.1f} min"]
+    parts = [f"Cost: {_usd(report.usd_total)} for {step} steps over {report.hours * 60:.1f} min"]
     if report.usd_per_step is not None:
-        parts.append(f"${report.usd_per_step:.6f}/step")
+        parts.append(f"{_usd(report.usd_per_step)}/step")
     if report.usd_per_1k_samples is not None:
-        parts.append(f"${report.usd_per_1k_samples:.6f}/1k samples")
-    parts.append(f"preemption waste ${report.preemption_waste_usd:.4f}")
+        parts.append(f"{_usd(report.usd_per_1k_samples)}/1k samples")
+    parts.append(f"preemption waste {_usd(report.preemption_waste_usd)}")
     if report.savings_vs_on_demand_usd is not None:
-        parts.append(f"saved vs on-demand ${report.savings_vs_on_demand_usd:.4f}")
+        parts.append(f"saved vs on-demand {_usd(report.savings_vs_on_demand_usd)}")
     parts.append(f"idle {report.idle_fraction:.0%}")
     return ", ".join(parts) + "."

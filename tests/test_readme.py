@@ -1,0 +1,104 @@
+"""Every command in the README (and in the SLURM and Kubernetes examples) is exercised: ``lightning-scale``/torchrun
+lines are parsed by the real command with ``--print_config`` (every class path and argument checked, nothing trained),
+benchmark scripts are the ones the benchmark smoke tests run, ``make`` targets exist; Python snippets compile and
+their imports resolve. Training through these commands is tested in tests/test_cli.py and by `make demo`."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_scale.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def blocks(language: str) -> list[str]:
+    """The contents of the fenced code blocks opened with ```language."""
+    found, current, opened = [], [], None
+    for line in README.splitlines():
+        if line.startswith("```"):
+            if opened is None:
+                opened, current = line[3:].strip(), []
+            else:
+                if opened == language:
+                    found.append("\n".join(current))
+                opened = None
+        elif opened is not None:
+            current.append(line)
+    return found
+
+
+def shell_commands() -> list[list[str]]:
+    """Command lines of the shell blocks (and of plain blocks, which also hold program output, skipped)."""
+    starts = ("make ", "torchrun ", "lightning-scale ", ".venv/bin/python ", "TORCH_")
+    commands = []
+    for block in [*blocks("bash"), *blocks("")]:
+        for line in block.splitlines():
+            if line.startswith(starts):
+                words = shlex.split(line, comments=True)
+                commands.append(words[: words.index(">")] if ">" in words else words)
+    return commands
+
+
+def cli_arguments(words: list[str]) -> list[str]:
+    """The ``lightning-scale`` arguments of a command line (after ``-m lightning_scale`` or ``lightning-scale``)."""
+    for marker in (["-m", "lightning_scale"], ["lightning-scale"]):
+        for i in range(len(words)):
+            if words[i : i + len(marker)] == marker:
+                return words[i + len(marker) :]
+    raise AssertionError(f"not a lightning-scale command: {words}")
+
+
+def parses(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """``lightning-scale fit ... --print_config`` exits 0 and prints a config (or ``consolidate --help``)."""
+    extra = ["--help"] if arguments[0] == "consolidate" else ["--print_config"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*(arguments[:1] if arguments[0] == "consolidate" else arguments), *extra])
+    out, err = capsys.readouterr()
+    assert exit_.value.code in (0, None), f"{shlex.join(arguments)}\n{err[-2000:]}"
+    assert arguments[0] == "consolidate" or yaml.safe_load(out)["trainer"], out[-2000:]
+
+
+COMMANDS = shell_commands()
+
+
+def test_the_readme_documents_commands():
+    assert ["make", "demo"] in COMMANDS and ["make", "test"] in COMMANDS
+    assert sum("fit" in c for c in COMMANDS) >= 8
+
+
+@pytest.mark.parametrize("words", COMMANDS, ids=[" ".join(c)[:60] for c in COMMANDS])
+def test_each_readme_command_runs(words, capsys):
+    if words[0] == "make":
+        assert re.search(rf"^{words[1]}:", (ROOT / "Makefile").read_text(), flags=re.MULTILINE), words
+    elif words[0] == ".venv/bin/python":
+        script = Path(words[1]).name
+        assert (ROOT / words[1]).is_file() and script in (ROOT / "tests" / "test_benchmarks.py").read_text(), words
+    else:
+        parses(cli_arguments(words), capsys)
+
+
+def test_the_slurm_and_kubernetes_examples_run_valid_commands(tmp_path, capsys):
+    sbatch = (ROOT / "examples" / "slurm" / "train.sbatch").read_text().replace("\\\n", " ")
+    [line] = [line for line in sbatch.splitlines() if "-m lightning_scale" in line]
+    values = {"$SLURM_NNODES": "2", "$CKPT_DIR": str(tmp_path), "$NOTICE": str(tmp_path / "notice")}
+    words = [values.get(w, w) for w in shlex.split(line.replace('"', "").rstrip(" &"))]
+    parses(cli_arguments(words), capsys)
+    job = yaml.safe_load((ROOT / "examples" / "kubernetes" / "job.yaml").read_text())
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    parses(cli_arguments(container["command"]), capsys)
+
+
+@pytest.mark.parametrize("number", range(len(blocks("python"))))
+def test_python_snippets_compile_and_their_imports_resolve(number):
+    snippet = blocks("python")[number]
+    compile(snippet, f"README python block {number}", "exec")
+    ours = r"(from (lightning_scale|lightning|torch)\S* import |import (lightning_scale|lightning|torch)\b)"
+    imports = "\n".join(line for line in snippet.splitlines() if re.match(ours, line))  # not the user's modules
+    exec(imports, {})
