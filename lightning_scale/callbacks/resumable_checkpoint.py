@@ -204,6 +204,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._resumed_at: tuple[int, int] | None = None
         self._resume_info: ResumeInfo | None = None
         self._progress: ProgressMarker | None = None
+        self._progress_from: int | None = None  # the step this fit's training started from
         self._trainer: pl.Trainer | None = None
         self._store: CheckpointStore | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -260,7 +261,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._on_storage(self._remove_partial_files, "Cleaning unfinished saves")
         self._run_id = distributed.broadcast_object(uuid.uuid4().hex)
         self._generation, self._resumed_at = 0, None
-        self._progress = ProgressMarker(self.store)
+        self._progress, self._progress_from = ProgressMarker(self.store), None
         if self.data_state and not any(isinstance(cb, DataStateCheckpoint) for cb in trainer.callbacks):
             trainer.callbacks.append(DataStateCheckpoint())  # Lightning's setup loop reaches it next
         wandb = any(isinstance(logger, WandbLogger) for logger in trainer.loggers)
@@ -330,7 +331,9 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._record_progress(trainer, force=True)
 
     def _record_progress(self, trainer: pl.Trainer, force: bool = False) -> None:
-        if trainer.is_global_zero and self._progress is not None:
+        """Rank 0 records the step, once this fit has trained one (a failed start keeps the last attempt's record)."""
+        started = self._progress_from is not None and trainer.global_step > self._progress_from
+        if trainer.is_global_zero and self._progress is not None and started:
             self._progress.record(trainer.global_step, force=force)
 
     def _on_storage(self, fn: Callable[[], T], what: str = "", every_rank: bool = False) -> T:
@@ -373,6 +376,7 @@ class ResumableCheckpoint(ModelCheckpoint):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        self._progress_from = trainer.global_step
         if self._resume_info is not None:  # rank 0; Lightning runs checkpoint callbacks' hooks last: costs are in
             trackers = [cb for cb in trainer.callbacks if isinstance(cb, CostTracker)]
             rank_zero_info(self._resume_info.banner(trackers[0].resume_summary() if trackers else None))
