@@ -25,5 +25,8 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
 clean:
 	rm -rf $(VENV) runs

@@ -41,10 +41,10 @@ def run(variant: str, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one repeat, three variants (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="one repeat of 20 steps, five variants (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "data_parallel_step.json"))
     args = parser.parse_args()
-    variants = ["raw", "ddp", "data_parallel"] + ([] if args.quick else ["zero1", "fp16", "powersgd", "fsdp"])
+    variants = ["raw", "ddp", "data_parallel", "zero1", "fsdp"] + ([] if args.quick else ["fp16", "powersgd"])
     repeats, steps = (1, 20) if args.quick else (5, 200)
 
     runs: dict[str, list[dict]] = {v: [] for v in variants}

@@ -1,0 +1,188 @@
+"""`make bench`: every benchmark in one run, one summary table with each target and whether it holds, one JSON.
+
+Each benchmark script runs its variants interleaved and repeated (warm-up, then >= 5 repeats; medians and min-max) and
+writes its own JSON (``benchmarks/results/<name>.json``); this script runs them one after another, never two at once,
+and writes ``benchmarks/results/latest.json``: the machine, the summary rows, and every script's full result. The
+README's performance table is :func:`markdown` of that summary.
+
+    .venv/bin/python benchmarks/run.py            # the full suite (about 40 min on 2 cores)
+    .venv/bin/python benchmarks/run.py --quick    # a smoke run (under 3 min): small sizes, few repeats
+
+CPU only: no benchmark here has a CUDA/nccl variant yet (this project's machines have no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine_info
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+Row = dict[str, Any]
+
+
+def row(benchmark: str, measure: str, value: float, low_high: tuple[float, float] | None, unit: str,
+        target: str | None = None, holds: bool | None = None) -> Row:  # fmt: skip
+    """One summary line: ``value`` (``low_high`` = min-max over repeats) in ``unit``, its target and verdict."""
+    figure = f"{value:.3g} {unit}".strip() if unit != "x" else f"{value:.3f}"
+    if low_high is not None:
+        figure += f" ({low_high[0]:.3g}-{low_high[1]:.3g})"
+    return {"benchmark": benchmark, "measure": measure, "value": value, "figure": figure, "target": target,
+            "holds": holds}  # fmt: skip
+
+
+def _span(spread: dict[str, float]) -> tuple[float, float]:
+    return spread["min"], spread["max"]
+
+
+def data_parallel_rows(result: dict) -> list[Row]:
+    table = result["table"]
+    ratio = table["data_parallel"]["over_ddp"]
+    rows = [
+        row("data_parallel_step", "step time, data_parallel / ddp (2 processes)", ratio["median"], _span(ratio), "x",
+            "≤ 1.02", ratio["median"] <= 1.02),
+        row("data_parallel_step", "step time, raw torch DDP loop / ddp", table["raw"]["over_ddp"]["median"],
+            _span(table["raw"]["over_ddp"]), "x"),
+    ]  # fmt: skip
+    ddp = max(sum(rank.values()) for rank in table["ddp"]["memory_per_rank"])
+    for variant, label, target in (("zero1", "data_parallel zero_stage=1", None), ("fsdp", "model_parallel", 0.55)):
+        if variant in table:
+            mine = max(sum(rank.values()) for rank in table[variant]["memory_per_rank"]) / ddp
+            goal, holds = (None, None) if target is None else (f"≤ {target}", mine <= target)
+            rows.append(row("data_parallel_step", f"training state bytes per rank, {label} / ddp", mine, None, "x",
+                            goal, holds))  # fmt: skip
+    return rows
+
+
+def callback_overhead_rows(result: dict) -> list[Row]:
+    ratio = result["all_over_none"]
+    return [row("callback_overhead", "step time, every lightning-scale callback / none (no saves)", ratio["median"],
+                _span(ratio), "x", f"≤ {result['target']}", result["holds"])]  # fmt: skip
+
+
+def checkpoint_async_rows(result: dict) -> list[Row]:
+    return [
+        row("checkpoint_async", f"blocked time per save, async / sync, {size} MB", entry["async_over_sync_blocked"],
+            None, "x", "≤ 0.1", entry["holds"])
+        for size, entry in result["table"].items()
+    ]  # fmt: skip
+
+
+def preemption_rows(result: dict) -> list[Row]:
+    durable = result["notice_to_durable_s"]
+    return [
+        row("preemption_cost", f"SIGTERM to rank 1 → durable checkpoint, {result['ckpt_mb']:.0f} MB (2 processes)",
+            durable["median"], _span(durable), "s"),
+        row("preemption_cost", "step time, SpotPreemption voting every step / none", result["vote_over_none"], None,
+            "x", "≤ 1.01", result["vote_over_none"] <= 1.01),
+    ]  # fmt: skip
+
+
+def pipeline_rows(result: dict) -> list[Row]:
+    rows = []
+    width = max(r["width"] for r in result["rows"])
+    for entry in (r for r in result["rows"] if r["width"] == width):
+        m, ratio = entry["microbatches"], entry["ours_over_raw_throughput"]
+        rows.append(row("pipeline_throughput", f"throughput, pipeline_parallel / raw torch pipelining, m={m}, 2 stages",
+                        ratio["median"], _span(ratio), "x", "≥ 0.95", ratio["median"] >= 0.95))  # fmt: skip
+        ideal, measured = 1 - entry["bubble_theory"], 1 - entry["bubble_measured_ours"]
+        rows.append(row("pipeline_throughput", f"pipeline efficiency (1 - bubble), m={m}: measured (ideal {ideal:.2f})",
+                        measured, None, "x"))  # fmt: skip
+    return rows
+
+
+def resume_rows(result: dict) -> list[Row]:
+    table, mb = result["table"], result["config"]["state_mb"]
+    return [
+        row("resume_time", f"process start → first training step, {mb:.0f} MB state, {variant}",
+            table[variant]["median"], _span(table[variant]), "s")
+        for variant in ("fresh", "local")
+    ]  # fmt: skip
+
+
+def checkpoint_cost_rows(result: dict) -> list[Row]:
+    return [row("checkpoint_cost", "save time, ResumableCheckpoint / stock ModelCheckpoint (validated, atomic)",
+                result["ours_over_stock_save"], None, "x")]  # fmt: skip
+
+
+def cost_levers_rows(result: dict) -> list[Row]:
+    return [row("cost_levers", f"cost of one epoch, {name} / fp32", value, None, "x")
+            for name, value in result["over_fp32"].items() if name != "fp32"]  # fmt: skip
+
+
+BENCHMARKS: dict[str, Callable[[dict], list[Row]]] = {
+    "data_parallel_step": data_parallel_rows,
+    "callback_overhead": callback_overhead_rows,
+    "checkpoint_async": checkpoint_async_rows,
+    "preemption_cost": preemption_rows,
+    "pipeline_throughput": pipeline_rows,
+    "resume_time": resume_rows,
+    "checkpoint_cost": checkpoint_cost_rows,
+    "cost_levers": cost_levers_rows,
+}
+
+
+def markdown(summary: list[Row]) -> str:
+    """The summary as the README's Markdown table."""
+    lines = ["| benchmark | measure | median (min-max) | target | holds |", "|---|---|---|---|---|"]
+    for r in summary:
+        verdict = "" if r["holds"] is None else ("yes" if r["holds"] else "**no**")
+        lines.append(f"| `{r['benchmark']}` | {r['measure']} | {r['figure']} | {r['target'] or ''} | {verdict} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every benchmark's smoke mode (under 3 min)")
+    parser.add_argument("--out", default=str(RESULTS / "latest.json"), help="where to write the summary JSON")
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), help="run these benchmarks only")
+    args = parser.parse_args()
+    names = args.only or list(BENCHMARKS)
+
+    results: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in names:  # one at a time: concurrent benchmarks would measure each other
+            out = Path(scratch if args.quick else RESULTS) / f"{name}.json"
+            command = [sys.executable, str(HERE / f"{name}.py"), f"--out={out}", *(["--quick"] if args.quick else [])]
+            print(f"\n=== {name}: {' '.join(command[1:])}", flush=True)
+            started = time.monotonic()
+            subprocess.run(command, check=True)
+            seconds[name] = time.monotonic() - started
+            results[name] = json.loads(out.read_text())
+    summary = [r for name in names for r in BENCHMARKS[name](results[name])]
+
+    print(f"\nlightning-scale benchmarks{' (quick: smoke sizes, not for comparison)' if args.quick else ''}")
+    width = max(len(r["measure"]) for r in summary)
+    for r in summary:
+        verdict = "" if r["holds"] is None else ("holds" if r["holds"] else "MISSED")
+        print(f"{r['benchmark']:<20} {r['measure']:<{width}} {r['figure']:>24} {r['target'] or '':>7} {verdict}")
+    machine = machine_info()
+    print(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
+          f"lightning {machine['lightning']}; {sum(seconds.values()) / 60:.1f} min")  # fmt: skip
+    latest = {
+        "machine": machine,
+        "command": " ".join(["benchmarks/run.py", *sys.argv[1:]]),
+        "quick": args.quick,
+        "seconds": seconds,
+        "summary": summary,
+        "results": results,
+    }
+    Path(args.out).write_text(json.dumps(latest, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
