@@ -2,8 +2,9 @@
 
 Each benchmark script runs its variants interleaved and repeated (warm-up, then >= 5 repeats; medians and min-max) and
 writes its own JSON (``benchmarks/results/<name>.json``); this script runs them one after another, never two at once,
-and writes ``benchmarks/results/latest.json``: the machine, the summary rows, and every script's full result. The
-README's performance table is :func:`markdown` of that summary.
+and writes ``benchmarks/results/latest.json``: the machine, the summary rows, and every script's full result. A full run
+of every benchmark also rewrites the README's summary table (:func:`readme_block`, between its ``bench-summary``
+markers), which tests/test_readme.py checks against ``latest.json``.
 
     .venv/bin/python benchmarks/run.py            # the full suite (about 40 min on 2 cores)
     .venv/bin/python benchmarks/run.py --quick    # a smoke run (under 3 min): small sizes, few repeats
@@ -29,6 +30,8 @@ from _common import machine_info
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+README = HERE.parent / "README.md"
+MARKERS = ("<!-- bench-summary -->", "<!-- /bench-summary -->")
 
 Row = dict[str, Any]
 
@@ -143,6 +146,23 @@ def markdown(summary: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def readme_block(latest: dict[str, Any]) -> str:
+    """What the README shows between its ``bench-summary`` markers: the table, the machine and the command."""
+    m = latest["machine"]
+    return (
+        f"{markdown(latest['summary'])}\n\n"
+        f"`{latest['command']}` on {latest['date']}: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
+        f"torch {m['torch']}, Lightning {m['lightning']}; {sum(latest['seconds'].values()) / 60:.0f} min."
+    )
+
+
+def update_readme(latest: dict[str, Any], readme: Path = README) -> None:
+    """Replace the README's summary table with this run's."""
+    text = readme.read_text()
+    start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
+    readme.write_text(f"{text[:start]}\n{readme_block(latest)}\n{text[end:]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every benchmark's smoke mode (under 3 min)")
@@ -175,6 +195,7 @@ def main() -> None:
     latest = {
         "machine": machine,
         "command": " ".join(["benchmarks/run.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d"),
         "quick": args.quick,
         "seconds": seconds,
         "summary": summary,
@@ -182,6 +203,9 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(latest, indent=1))
     print(f"wrote {args.out}")
+    if not args.quick and args.only is None and Path(args.out) == RESULTS / "latest.json":
+        update_readme(latest)
+        print(f"updated the summary table in {README}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ compile and their imports resolve. Training through these commands is tested in 
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import sys
@@ -16,7 +17,7 @@ import yaml
 from lightning_scale.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from run import BENCHMARKS
+from run import BENCHMARKS, readme_block
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -106,3 +107,9 @@ def test_python_snippets_compile_and_their_imports_resolve(number):
     ours = r"(from (lightning_scale|lightning|torch)\S* import |import (lightning_scale|lightning|torch)\b)"
     imports = "\n".join(line for line in snippet.splitlines() if re.match(ours, line))  # not the user's modules
     exec(imports, {})
+
+
+def test_the_performance_table_is_the_latest_full_benchmark_run():
+    latest = json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text())
+    assert latest["quick"] is False and set(latest["results"]) == set(BENCHMARKS)
+    assert readme_block(latest) in README, "re-run `make bench` (it rewrites the README's summary table)"

@@ -39,7 +39,8 @@ class LinearAttentionModel(Model):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         d_model, n_heads = self.hparams.d_model, self.hparams.n_heads
-        self.blocks = nn.ModuleList([Block(d_model, n_heads) for _ in range(self.hparams.n_layers)])
+        for i in range(self.hparams.n_layers):  # the example's blocks sit between its embedding and its head
+            self.model[1 + i] = Block(d_model, n_heads)
 
 
 class UserShardedModel(Model):

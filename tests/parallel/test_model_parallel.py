@@ -65,7 +65,7 @@ def test_tensor_parallel_matches_one_process(tmp_path, linear_attention):
     tp = run_job(tmp_path, "tp", strategy="model_parallel", strategy_kwargs={"tensor_parallel_size": 2}, accumulate=2,
                  linear_attention=linear_attention)  # fmt: skip
     if linear_attention:
-        assert "blocks.0.attn.q_proj" in tp["log"] and "blocks.0.attn.o_proj" in tp["log"]  # the plan, as announced
+        assert "model.1.attn.q_proj" in tp["log"] and "model.1.attn.o_proj" in tp["log"]  # the plan, as announced
     assert relative(tp["losses"], one["losses"]) <= 1e-5
     for name, tensor in one["weights"].items():  # relative to each tensor's norm: float32 rounding, nothing more
         ours = tp["weights"][name]

@@ -14,10 +14,10 @@ from lightning_scale.strategies import ModelParallelStrategy
 def test_each_block_of_a_module_list_is_a_unit_and_its_mlp_is_split_column_then_row():
     model = CharTransformer(n_layers=3)
     units = sharding_units(model, min_params=10**9)  # a ModuleList wins over the size rule
-    assert [name for name, _ in units] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert [name for name, _ in units] == [f"model.{i}" for i in range(5)]  # embedding, 3 blocks, head
     plan = default_tensor_parallel_plan(model, units)
-    assert sorted(plan) == [f"blocks.{i}.mlp.{j}" for i in range(3) for j in (0, 2)]
-    assert isinstance(plan["blocks.1.mlp.0"], ColwiseParallel) and isinstance(plan["blocks.1.mlp.2"], RowwiseParallel)
+    assert sorted(plan) == [f"model.{i}.mlp.{j}" for i in (1, 2, 3) for j in (0, 2)]
+    assert isinstance(plan["model.2.mlp.0"], ColwiseParallel) and isinstance(plan["model.2.mlp.2"], RowwiseParallel)
 
 
 def test_without_a_module_list_large_children_are_units_and_a_norm_between_linears_is_not_an_mlp():
@@ -47,7 +47,7 @@ def test_attention_with_separate_projections_is_split_by_heads():
     plan = default_tensor_parallel_plan(model, sharding_units(model, min_params=1))
     for role, style in (("q_proj", ColwiseParallel), ("k_proj", ColwiseParallel), ("v_proj", ColwiseParallel),
                         ("o_proj", RowwiseParallel)):  # fmt: skip
-        assert isinstance(plan[f"blocks.1.attn.{role}"], style)
+        assert isinstance(plan[f"model.2.attn.{role}"], style)
     assert len(plan) == 2 * (4 + 2)  # attention and MLP of each block
 
 
