@@ -6,8 +6,9 @@ and writes ``benchmarks/results/latest.json``: the machine, the summary rows, an
 of every benchmark also rewrites the README's summary table (:func:`readme_block`, between its ``bench-summary``
 markers), which tests/test_readme.py checks against ``latest.json``.
 
-    .venv/bin/python benchmarks/run.py            # the full suite (about 40 min on 2 cores)
+    .venv/bin/python benchmarks/run.py            # the full suite (about 60 min on 2 cores)
     .venv/bin/python benchmarks/run.py --quick    # a smoke run (under 3 min): small sizes, few repeats
+    .venv/bin/python benchmarks/run.py --only callback_overhead    # re-measure one; its rows replace the last run's
 
 CPU only: no benchmark here has a CUDA/nccl variant yet (this project's machines have no GPU).
 """
@@ -101,8 +102,8 @@ def pipeline_rows(result: dict) -> list[Row]:
         rows.append(row("pipeline_throughput", f"throughput, pipeline_parallel / raw torch pipelining, m={m}, 2 stages",
                         ratio["median"], _span(ratio), "x", "≥ 0.95", ratio["median"] >= 0.95))  # fmt: skip
         ideal, measured = 1 - entry["bubble_theory"], 1 - entry["bubble_measured_ours"]
-        rows.append(row("pipeline_throughput", f"pipeline efficiency (1 - bubble), m={m}: measured (ideal {ideal:.2f})",
-                        measured, None, "x"))  # fmt: skip
+        label = f"parallel efficiency, (1 process / 2) / pipeline_parallel step, m={m} (schedule's ideal {ideal:.2f})"
+        rows.append(row("pipeline_throughput", label, measured, None, "x"))
     return rows
 
 
@@ -167,12 +168,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every benchmark's smoke mode (under 3 min)")
     parser.add_argument("--out", default=str(RESULTS / "latest.json"), help="where to write the summary JSON")
-    parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), help="run these benchmarks only")
+    parser.add_argument(
+        "--only", nargs="*", choices=sorted(BENCHMARKS), help="run these only; their rows replace those in --out"
+    )
     args = parser.parse_args()
     names = args.only or list(BENCHMARKS)
 
+    command_line = " ".join(["benchmarks/run.py", *sys.argv[1:]])
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
+    previous = json.loads(Path(args.out).read_text()) if args.only and Path(args.out).exists() else None
+    if previous is not None and previous["quick"] == args.quick:  # --only refreshes those rows of the last run
+        results, seconds = previous["results"], previous["seconds"]
+        command_line = f"{previous['command']}, then {command_line}"
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:  # one at a time: concurrent benchmarks would measure each other
             out = Path(scratch if args.quick else RESULTS) / f"{name}.json"
@@ -182,7 +190,7 @@ def main() -> None:
             subprocess.run(command, check=True)
             seconds[name] = time.monotonic() - started
             results[name] = json.loads(out.read_text())
-    summary = [r for name in names for r in BENCHMARKS[name](results[name])]
+    summary = [r for name in BENCHMARKS if name in results for r in BENCHMARKS[name](results[name])]
 
     print(f"\nlightning-scale benchmarks{' (quick: smoke sizes, not for comparison)' if args.quick else ''}")
     width = max(len(r["measure"]) for r in summary)
@@ -194,7 +202,7 @@ def main() -> None:
           f"lightning {machine['lightning']}; {sum(seconds.values()) / 60:.1f} min")  # fmt: skip
     latest = {
         "machine": machine,
-        "command": " ".join(["benchmarks/run.py", *sys.argv[1:]]),
+        "command": command_line,
         "date": time.strftime("%Y-%m-%d"),
         "quick": args.quick,
         "seconds": seconds,
@@ -203,7 +211,7 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(latest, indent=1))
     print(f"wrote {args.out}")
-    if not args.quick and args.only is None and Path(args.out) == RESULTS / "latest.json":
+    if not args.quick and set(results) == set(BENCHMARKS) and Path(args.out) == RESULTS / "latest.json":
         update_readme(latest)
         print(f"updated the summary table in {README}")
 

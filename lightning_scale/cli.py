@@ -55,8 +55,8 @@ class ScaleCLI(LightningCLI):
         args: Command-line arguments (default: ``sys.argv[1:]``); everything else as :class:`LightningCLI`.
 
     Example:
-        >>> cli = ScaleCLI(args=["--model=examples.char_transformer.CharTransformer", "--print_config"], run=False)
-        ... # doctest: +SKIP
+        >>> sorted(DEFAULT_CALLBACKS)  # lightning-scale fit ... --checkpoint.dirpath s3://bucket/run --cost null
+        ['checkpoint', 'cost', 'preemption']
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -127,12 +127,15 @@ def _raised_by_lightning_scale(error: BaseException) -> BaseException | None:
 def _consolidate(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="lightning-scale consolidate",
-        description="Write a sharded (or single-file) checkpoint as one file that torch.load and Lightning read.",
+        description="Write a sharded checkpoint directory as one file that torch.load and Lightning read.",
     )
-    parser.add_argument("checkpoint", help="checkpoint directory or file, local path or fsspec URL")
+    parser.add_argument("checkpoint", help="sharded checkpoint directory (local path)")
     parser.add_argument("out", help="the single file to write")
     args = parser.parse_args(argv)
-    consolidate_checkpoint(args.checkpoint, args.out)
+    try:
+        consolidate_checkpoint(args.checkpoint, args.out)
+    except (OSError, ValueError) as err:  # missing, unreadable or corrupt: say so, without a traceback
+        parser.error(f"cannot consolidate {args.checkpoint}: {err}")
     print(f"Consolidated {args.checkpoint} into {args.out}")
 
 

@@ -149,3 +149,10 @@ def test_the_example_config_of_each_strategy_trains_on_2_processes(tmp_path, str
     assert "`Trainer.fit` stopped: `max_steps=4` reached." in output(done)
     assert "Cost: $" in output(done)
     assert [p.name for p in (tmp_path / "ckpts").glob("*.ckpt")] == ["epoch=0-step=4.ckpt"]
+
+
+def test_consolidating_a_missing_checkpoint_is_a_usage_error(tmp_path):
+    done = lightning_scale(tmp_path, "consolidate", str(tmp_path / "nothing.ckpt"), str(tmp_path / "one.ckpt"))
+    assert done.returncode == 2 and "Traceback" not in output(done), output(done)[-2000:]
+    assert "cannot consolidate" in done.stderr and "nothing.ckpt" in done.stderr
+    assert not (tmp_path / "one.ckpt").exists()
