@@ -30,7 +30,7 @@ def test_every_benchmark_runs_quick_and_the_summary_has_a_row_for_each(tmp_path)
     assert {row["benchmark"] for row in latest["summary"]} == set(BENCHMARKS)
     assert {"cpu", "cores", "torch", "lightning"} <= set(latest["machine"])
     targets = [row for row in latest["summary"] if row["target"]]
-    assert len(targets) >= 8 and all(isinstance(row["holds"], bool) for row in targets)
+    assert len(targets) >= 7 and all(isinstance(row["holds"], bool) for row in targets)
     measures = " ".join(row["measure"] for row in latest["summary"])
     for named in ("data_parallel / ddp", "every lightning-scale callback", "async / sync", "durable checkpoint",
                   "raw torch pipelining", "model_parallel / ddp", "first training step"):  # fmt: skip
