@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import wandb
-
 __all__ = ["log_cost_table", "write_pricing_config", "write_summary"]
 
 TABLE_KEY = "cost/table"
@@ -28,6 +26,8 @@ def log_cost_table(run: Any, evaluations: Sequence[Mapping[str, Any]], plotted: 
     Each evaluation is ``{"step": int, "usd_total": float, "hours": float, "metrics": {name: value}}``. Returns the
     logged keys.
     """
+    import wandb  # here, not at module level: importing wandb costs every process ~0.7 s at start
+
     names = sorted({name for evaluation in evaluations for name in evaluation["metrics"]})
     columns = ["step", "usd_total", "hours", *names]
     rows = [[e["step"], e["usd_total"], e["hours"], *(e["metrics"].get(name) for name in names)] for e in evaluations]
