@@ -25,7 +25,6 @@ __all__ = [
     "any_rank",
     "barrier",
     "broadcast_object",
-    "broadcast_tensor_",
     "destroy_group",
     "destroy_process_group",
     "device_mesh",
@@ -36,6 +35,8 @@ __all__ = [
     "on_every_rank",
     "on_rank_zero",
     "rank",
+    "receive_",
+    "send_to_others",
     "world_size",
 ]
 
@@ -124,10 +125,24 @@ def broadcast_object(obj: T, src: int = 0, group: Any = None) -> T:
     return box[0]
 
 
-def broadcast_tensor_(tensor: torch.Tensor, src: int, group: Any = None) -> torch.Tensor:
-    """Overwrite ``tensor`` on every rank of ``group`` with global rank ``src``'s values (in place)."""
+def send_to_others(tensor: torch.Tensor, group: Any = None, tag: int = 0) -> list[Any]:
+    """Start sending ``tensor`` to every other rank of ``group`` (point to point) and return without waiting.
+
+    Unlike a broadcast, the sender goes on at once; each receiver takes it with :func:`receive_`. With gloo a send
+    completes when its receiver has posted the receive: ``wait()`` the returned handles before sending again.
+    """
+    if not (_group_ready() and dist.get_world_size(group) > 1):
+        return []
+    me = dist.get_rank()
+    return [
+        dist.isend(tensor, peer, group=group, tag=tag) for peer in dist.get_process_group_ranks(group) if peer != me
+    ]
+
+
+def receive_(tensor: torch.Tensor, src: int, group: Any = None, tag: int = 0) -> torch.Tensor:
+    """Overwrite ``tensor`` with what global rank ``src`` sends with :func:`send_to_others` (in place)."""
     if _group_ready() and dist.get_world_size(group) > 1:
-        dist.broadcast(tensor, src=src, group=group)
+        dist.recv(tensor, src=src, group=group, tag=tag)
     return tensor
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from lightning_scale import distributed
 
@@ -13,6 +14,8 @@ def test_single_process_votes_and_gathers_are_local():
     assert distributed.all_ranks(True) and not distributed.all_ranks(False)
     assert distributed.all_gather_object({"a": 1}) == [{"a": 1}]
     assert distributed.broadcast_object("x") == "x"
+    assert distributed.send_to_others(torch.ones(1)) == []
+    assert distributed.receive_(torch.ones(1), src=0).item() == 1.0
     distributed.barrier()
 
 
