@@ -1,6 +1,13 @@
 """One pipeline benchmark job (run by benchmarks/pipeline_throughput.py): median seconds per training step.
 
-python benchmarks/_pipeline_job.py single|raw|ours WIDTH MICROBATCHES STEPS OUT.json   (raw/ours under torchrun)
+python benchmarks/_pipeline_job.py single WIDTH STEPS ROUNDS OUT.json
+    one process: each round trains STEPS steps with 1 thread, then with 2 threads
+torchrun --nproc-per-node=2 benchmarks/_pipeline_job.py pipeline WIDTH MICROBATCHES STEPS ROUNDS OUT.json
+    each round trains STEPS steps with a raw torch.distributed.pipelining loop and STEPS with pipeline_parallel, in
+    the same processes, the order swapped every round: a pair measured seconds apart, which the drift of a shared
+    machine cannot tell apart (separate launches for each variant drifted by 10-30 % here)
+
+Writes the median step of each round per variant: ``{"variant": [seconds, ...]}`` (rank 0's).
 """
 
 from __future__ import annotations
@@ -77,7 +84,6 @@ def single(width: int, steps: int) -> float:
 
 
 def raw(width: int, microbatches: int, steps: int) -> float:
-    torch.distributed.init_process_group("gloo")
     rank, size = torch.distributed.get_rank(), torch.distributed.get_world_size()
     full = stack(width)
     per = DEPTH // size
@@ -96,7 +102,6 @@ def raw(width: int, microbatches: int, steps: int) -> float:
             schedule.step()
         optimizer.step()
         ends.append(time.perf_counter())
-    distributed.destroy_process_group()
     return median_step(ends)
 
 
@@ -108,25 +113,29 @@ def ours(width: int, microbatches: int, steps: int) -> float:
         enable_model_summary=False, use_distributed_sampler=False,
     )  # fmt: skip
     trainer.fit(Model(width), train_dataloaders=data(width, steps))
-    distributed.destroy_process_group()
     return median_step(times.ends)
 
 
 def main() -> None:
-    mode, width, microbatches, steps, out = (
-        sys.argv[1],
-        int(sys.argv[2]),
-        int(sys.argv[3]),
-        int(sys.argv[4]),
-        sys.argv[5],
-    )
-    torch.set_num_threads(2 if mode == "single-2t" else 1)
-    if mode.startswith("single"):
-        seconds = single(width, steps)
+    kind, width = sys.argv[1], int(sys.argv[2])
+    results: dict[str, list[float]] = {}
+    if kind == "single":
+        steps, rounds, out = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+        for _ in range(rounds):
+            for threads, variant in ((1, "single"), (2, "single-2t")):
+                torch.set_num_threads(threads)
+                results.setdefault(variant, []).append(single(width, steps))
     else:
-        seconds = raw(width, microbatches, steps) if mode == "raw" else ours(width, microbatches, steps)
+        microbatches, steps, rounds, out = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+        torch.set_num_threads(1)
+        torch.distributed.init_process_group("gloo")
+        variants = {"raw": raw, "ours": ours}
+        for index in range(rounds):
+            for variant in sorted(variants, reverse=index % 2 == 1):  # raw first, then ours first, ...
+                results.setdefault(variant, []).append(variants[variant](width, microbatches, steps))
+        distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
-        Path(out).write_text(json.dumps({"step_s": seconds}))
+        Path(out).write_text(json.dumps(results))
 
 
 if __name__ == "__main__":

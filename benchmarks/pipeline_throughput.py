@@ -1,12 +1,12 @@
 """Pipeline throughput: ``pipeline_parallel`` vs a raw torch.distributed.pipelining loop (the same 1F1B schedule,
 microbatches and model) on 2 CPU processes (gloo, 1 thread each), vs one process with 1 and with 2 threads, and the
-measured bubble against theory (p-1)/(m+p-1). Variants interleaved and repeated; medians (min-max). Writes
-``benchmarks/results/pipeline_throughput.json``.
+measured bubble against theory (p-1)/(m+p-1). Writes ``benchmarks/results/pipeline_throughput.json``.
 
     .venv/bin/python benchmarks/pipeline_throughput.py [--quick]
 
-Measured bubble = 1 - (one process, 1 thread, per step / p) / pipeline step: the share of the pipeline's time not
-spent on a perfect split of the work (schedule bubble plus transfers).
+Raw and ours run in the same two processes, alternating every round (see ``_pipeline_job.py``): the ratio of each
+round's pair, then the median over rounds. Measured bubble = 1 - (one process, 1 thread, per step / p) / pipeline
+step: the share of the pipeline's time not spent on a perfect split of the work (schedule bubble plus transfers).
 """
 
 from __future__ import annotations
@@ -30,59 +30,47 @@ STAGES = 2
 TARGET = 0.95  # ours / raw throughput
 
 
-def run(mode: str, width: int, microbatches: int, steps: int) -> float:
+def run(job: list[str], processes: int) -> dict[str, list[float]]:
+    """One launch of ``_pipeline_job.py`` (under torchrun for several processes): each variant's per-round steps."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        job = [str(JOB), mode, str(width), str(microbatches), str(steps), str(out)]
-        command = [sys.executable, *job]
-        if mode in ("raw", "ours"):
-            command = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={STAGES}",
-                *job,
-            ]
+        launcher = [sys.executable]
+        if processes > 1:
+            launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        command = [*launcher, str(JOB), *job, str(out)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
-            raise RuntimeError(f"{mode} job failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-        return json.loads(out.read_text())["step_s"]
+            raise RuntimeError(f"{job} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+        return json.loads(out.read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one repeat, one width, m=4 (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="two rounds, one width, m=4 (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "pipeline_throughput.json"))
     args = parser.parse_args()
-    repeats, widths, ms, steps = (1, [128], [4], 12) if args.quick else (5, [256, 1024], [2, 4, 8], 40)
+    rounds, widths, ms, steps = (2, [128], [4], 12) if args.quick else (7, [256, 1024], [2, 4, 8], 40)
 
     rows = []
     for width in widths:
-        singles: dict[str, list[float]] = {"single": [], "single-2t": []}
-        pipes: dict[int, dict[str, list[float]]] = {m: {"raw": [], "ours": []} for m in ms}
-        for _ in range(repeats):  # interleaved: drift on a shared machine hits every variant alike
-            for mode in singles:
-                singles[mode].append(run(mode, width, 1, steps))
-            for m in ms:
-                for mode in ("raw", "ours"):
-                    pipes[m][mode].append(run(mode, width, m, steps))
+        singles = run(["single", str(width), str(steps), str(rounds)], 1)
         one = spread(singles["single"])["median"]
         for m in ms:
-            raw, ours = spread(pipes[m]["raw"]), spread(pipes[m]["ours"])
+            pipes = run(["pipeline", str(width), str(m), str(steps), str(rounds)], STAGES)
+            raw, ours = spread(pipes["raw"]), spread(pipes["ours"])
             rows.append({
                 "width": width, "microbatches": m,
                 "single_1t_s": spread(singles["single"]), "single_2t_s": spread(singles["single-2t"]),
                 "raw_s": raw, "ours_s": ours,
-                # paired within each repeat (run back to back), then the median: drift between repeats cancels
-                "ours_over_raw_throughput": spread([r / o for r, o in zip(*pipes[m].values(), strict=True)]),
+                # paired within each round (seconds apart, same processes), then the median over rounds
+                "ours_over_raw_throughput": spread([r / o for r, o in zip(pipes["raw"], pipes["ours"], strict=True)]),
                 "bubble_theory": (STAGES - 1) / (m + STAGES - 1),
                 "bubble_measured_raw": 1 - (one / STAGES) / raw["median"],
                 "bubble_measured_ours": 1 - (one / STAGES) / ours["median"],
             })  # fmt: skip
 
-    print(f"pipeline throughput: 2 stages (gloo, 1 thread each), 1F1B, {repeats} repeats, medians; ms per step")
+    print(f"pipeline throughput: 2 stages (gloo, 1 thread each), 1F1B, {rounds} rounds, medians; ms per step")
     print(f"{'D':>5} {'m':>2} {'1 proc 1t':>10} {'1 proc 2t':>10} {'raw':>8} {'ours':>8} {'ours/raw':>9} "
           f"{'bubble theory':>14} {'measured raw':>13} {'ours':>6}")  # fmt: skip
     for r in rows:
@@ -97,7 +85,7 @@ def main() -> None:
     print(
         f"ours/raw throughput, worst row: {worst:.3f} (target >= {TARGET}: {'holds' if worst >= TARGET else 'MISSED'})"
     )
-    config = {"repeats": repeats, "widths": widths, "microbatches": ms, "steps": steps, "quick": args.quick}
+    config = {"rounds": rounds, "widths": widths, "microbatches": ms, "steps": steps, "quick": args.quick}
     Path(args.out).write_text(json.dumps({"machine": machine_info(), "config": config, "rows": rows}, indent=1))
     print(f"wrote {args.out}")
 

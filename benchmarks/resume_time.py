@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,23 +61,22 @@ def run_job(dirpath: str, state_mb: float, max_steps: int, workdir: Path, env: d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a 20 MB state, 2 repeats (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="a 20 MB state, 1 repeat (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "resume_time.json"), help="where to write the JSON")
     args = parser.parse_args()
-    state_mb, repeats = (20.0, 2) if args.quick else (200.0, 5)
+    state_mb, repeats = (20.0, 1) if args.quick else (200.0, 5)
 
     server, env = s3_server()
     import fsspec
 
     bucket = f"resume-{uuid.uuid4().hex[:8]}"
-    fsspec.filesystem("s3", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"], key="benchmark", secret="benchmark").mkdir(
-        bucket
-    )
+    s3 = fsspec.filesystem("s3", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"], key="benchmark", secret="benchmark")
+    s3.mkdir(bucket)
     workdir = Path(tempfile.mkdtemp(prefix="resume-time-"))
     dirpaths = {"local": str(workdir / "ckpt"), "s3": f"s3://{bucket}/run"}
     try:
-        for dirpath in dirpaths.values():  # a checkpoint at step 2 to resume from
-            run_job(dirpath, state_mb, 2, workdir, env)
+        run_job(dirpaths["local"], state_mb, 2, workdir, env)  # a checkpoint at step 2 to resume from ...
+        s3.put(dirpaths["local"], dirpaths["s3"], recursive=True)  # ... and the same files on the S3 server
         runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
         for _ in range(repeats):
             for variant in VARIANTS:
@@ -88,6 +88,7 @@ def main() -> None:
                 runs[variant].append(result)  # no save at step 3: every repeat resumes the same step-2 checkpoint
     finally:
         server.stop()  # type: ignore[attr-defined]
+        shutil.rmtree(workdir, ignore_errors=True)
 
     table = {v: spread([r["seconds"] for r in runs[v]]) for v in VARIANTS}
     print(f"time from process start to the first training step, {state_mb:.0f} MB state, {repeats} repeats, CPU")
