@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := requirements/constraints-cpu.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bytecode clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,14 +15,19 @@ $(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -c "import lightning_scale, torch, lightning, torchdata, s3fs, moto" 
 	touch $(STAMP)
 
-demo: $(STAMP)
+# Bytecode for our own sources: with PYTHONDONTWRITEBYTECODE set (as on these machines) every process of the demo and
+# the tests would otherwise compile them again at start-up.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q lightning_scale examples tests benchmarks > /dev/null
+
+demo: bytecode
 	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check lightning_scale tests examples benchmarks
 	$(BIN)/ruff format --check lightning_scale tests examples benchmarks
 
-test: lint
+test: lint bytecode
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
