@@ -48,6 +48,11 @@ DEFAULT_CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
 }
 
 
+CONSOLIDATE_DESCRIPTION = "Write a sharded checkpoint directory as one file that torch.load and Lightning read."
+# LightningCLI owns the list of subcommands: the one it does not know is named below it
+CONSOLIDATE_HELP = f"Also: lightning-scale consolidate CHECKPOINT_DIR OUT. {CONSOLIDATE_DESCRIPTION}"
+
+
 class ScaleCLI(LightningCLI):
     """LightningCLI with the :data:`DEFAULT_CALLBACKS` as configurable keys and a strategy name check.
 
@@ -60,7 +65,7 @@ class ScaleCLI(LightningCLI):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("parser_kwargs", {"prog": "lightning-scale"})
+        kwargs.setdefault("parser_kwargs", {"prog": "lightning-scale", "epilog": CONSOLIDATE_HELP})
         # a restarted job runs the same command again: its config.yaml is already there
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         super().__init__(*args, **kwargs)
@@ -125,10 +130,7 @@ def _raised_by_lightning_scale(error: BaseException) -> BaseException | None:
 
 
 def _consolidate(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="lightning-scale consolidate",
-        description="Write a sharded checkpoint directory as one file that torch.load and Lightning read.",
-    )
+    parser = argparse.ArgumentParser(prog="lightning-scale consolidate", description=CONSOLIDATE_DESCRIPTION)
     parser.add_argument("checkpoint", help="sharded checkpoint directory (local path)")
     parser.add_argument("out", help="the single file to write")
     args = parser.parse_args(argv)

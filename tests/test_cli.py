@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from examples.char_transformer import CharTransformer
+from lightning_scale.cli import main
 from tests.wandb_records import history_values, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,3 +157,10 @@ def test_consolidating_a_missing_checkpoint_is_a_usage_error(tmp_path):
     assert done.returncode == 2 and "Traceback" not in output(done), output(done)[-2000:]
     assert "cannot consolidate" in done.stderr and "nothing.ckpt" in done.stderr
     assert not (tmp_path / "one.ckpt").exists()
+
+
+def test_the_top_level_help_names_consolidate(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "lightning-scale consolidate CHECKPOINT_DIR OUT" in " ".join(capsys.readouterr().out.split())
