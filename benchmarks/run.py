@@ -150,9 +150,10 @@ def markdown(summary: list[Row]) -> str:
 def readme_block(latest: dict[str, Any]) -> str:
     """What the README shows between its ``bench-summary`` markers: the table, the machine and the command."""
     m = latest["machine"]
+    commands = ", then ".join(f"`{command}`" for command in latest["command"].split(", then "))  # --only runs
     return (
         f"{markdown(latest['summary'])}\n\n"
-        f"`{latest['command']}` on {latest['date']}: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
+        f"{commands} on {latest['date']}: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
         f"torch {m['torch']}, Lightning {m['lightning']}; {sum(latest['seconds'].values()) / 60:.0f} min."
     )
 
