@@ -7,12 +7,15 @@ parameter digests) and the final weights, and — on the first attempt only — 
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import importlib
 import json
+import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -83,6 +86,33 @@ class _Tracer(Callback):
             record["params"] = {name: _digest(p) for name, p in pl_module.named_parameters()}
         with open(self.out_dir / f"trace_rank{trainer.global_rank}.jsonl", "a") as handle:
             handle.write(json.dumps(record) + "\n")
+
+
+class _StackDumpIfStuck(Callback):
+    """Diagnosis of a rare hang at start-up (a resumed rank waiting for its DataLoader workers' start-up handshake):
+    if no training step has started ``seconds`` after set-up (normally ~10 s), dump every thread of this rank and of
+    its worker processes (which inherit the SIGUSR2 handler when forked) into the job's log; the job goes on."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = threading.Event()
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
+        threading.Thread(target=self._watch, args=(trainer.global_rank,), daemon=True).start()
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
+        self.started.set()
+
+    def _watch(self, rank: int) -> None:
+        if self.started.wait(self.seconds):
+            return
+        print(f"STACK DUMP: rank {rank} has not started a step after {self.seconds:.0f} s", file=sys.stderr, flush=True)
+        for process in [None, *multiprocessing.active_children()]:
+            os.kill(os.getpid() if process is None else process.pid, signal.SIGUSR2)  # type: ignore[arg-type]
+            time.sleep(0.5)  # one process at a time in the log
 
 
 class _BlockAfterCheckpoint(Callback):
@@ -194,7 +224,8 @@ def main(config_path: str) -> None:
             keep_last_k=None,
             **config.get("checkpoint_kwargs", {}),
         )
-    callbacks: list[Callback] = [*_cost_callbacks(config), _Tracer(out_dir, config["trace_params"]), checkpoint]
+    tracer, watchdog = _Tracer(out_dir, config["trace_params"]), _StackDumpIfStuck(config.get("stuck_after_s", 60.0))
+    callbacks: list[Callback] = [*_cost_callbacks(config), tracer, watchdog, checkpoint]
     if config.get("monitor"):
         callbacks.append(ModelCheckpoint(dirpath=out_dir / "best", monitor=config["monitor"], save_top_k=1))
     if config["interrupt_at"] is not None:

@@ -284,7 +284,9 @@ def _attempt(config_path: Path, timeout_s: float, expect: Literal["finish", "mar
 
 def _tail(out_dir: Path, lines: int = 40) -> str:
     text = (out_dir / "log.txt").read_text(errors="replace").splitlines()
-    return "; log tail:\n" + "\n".join(text[-lines:])
+    dumps = [i for i, line in enumerate(text) if line.startswith("STACK DUMP:")]  # see _runner._StackDumpIfStuck
+    stacks = "\n".join(text[dumps[0] : dumps[0] + 300]) + "\n...\n" if dumps else ""
+    return "; log tail:\n" + stacks + "\n".join(text[-lines:])
 
 
 def _traces(out_dir: Path, devices: int) -> dict[int, list[dict[str, Any]]]:
