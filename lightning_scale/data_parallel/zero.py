@@ -4,14 +4,24 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim import Optimizer
 
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
 __all__ = ["shard_optimizer", "training_state_bytes"]
+
+
+def _is_zero(optimizer: Optimizer) -> bool:
+    # torch.distributed.optim takes ~0.25 s to import: only when ZeRO is used (no optimizer can be one before that)
+    module = sys.modules.get("torch.distributed.optim")
+    return module is not None and isinstance(optimizer, module.ZeroRedundancyOptimizer)
 
 
 def shard_optimizer(optimizer: Optimizer) -> ZeroRedundancyOptimizer:
@@ -19,6 +29,8 @@ def shard_optimizer(optimizer: Optimizer) -> ZeroRedundancyOptimizer:
 
     Call it before the optimizer has taken a step: its state, if any, is not carried over.
     """
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         return optimizer
     if optimizer.state:
@@ -43,7 +55,7 @@ def training_state_bytes(module: nn.Module, optimizers: Iterable[Optimizer]) -> 
     """Bytes this rank holds in parameters, gradients and optimizer state (ZeRO: its own shard of the state)."""
     state = []
     for optimizer in optimizers:
-        local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+        local = optimizer.optim if _is_zero(optimizer) else optimizer  # type: ignore[attr-defined]
         state += [v for per_param in local.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
     parameters = list(module.parameters())
     return {
