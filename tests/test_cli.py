@@ -138,10 +138,21 @@ def test_consolidate_writes_one_file_that_loads_into_the_model(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy", ["data_parallel", "model_parallel", "pipeline_parallel"])
-def test_the_example_config_of_each_strategy_trains_on_2_processes(tmp_path, strategy):
+@pytest.mark.parametrize(
+    ("strategy", "overrides"),
+    [
+        # flags override the config's init args: PowerSGD instead of bf16 compression, and bf16-mixed precision
+        ("data_parallel", ["--trainer.strategy.grad_compression=powersgd", "--trainer.strategy.powersgd_warmup_steps=2",
+                           "--trainer.precision=bf16-mixed"]),
+        ("model_parallel", []),  # the registry name
+        # the class path form with flags (issue 5's acceptance)
+        ("pipeline_parallel", ["--trainer.strategy.schedule=1f1b", "--trainer.strategy.n_microbatches=8"]),
+    ],
+    ids=["data_parallel", "model_parallel", "pipeline_parallel"],
+)  # fmt: skip
+def test_the_example_config_of_each_strategy_trains_on_2_processes(tmp_path, strategy, overrides):
     done = lightning_scale(
-        tmp_path, "fit", f"--config=examples/configs/{strategy}.yaml", "--trainer.max_steps=4",
+        tmp_path, "fit", f"--config=examples/configs/{strategy}.yaml", *overrides, "--trainer.max_steps=4",
         "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1", "--trainer.logger=false",
         f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
         "--checkpoint.every_n_train_steps=4",

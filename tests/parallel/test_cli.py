@@ -1,5 +1,6 @@
-"""data_parallel and model_parallel from the ``lightning-scale`` command on 2 processes (Lightning's own launcher), with
-init args; bad arguments refused early. The shipped example configs run in tests/test_cli.py."""
+"""model_parallel with tensor parallelism from the ``lightning-scale`` command on 2 processes (Lightning's launcher);
+bad arguments refused early. The shipped example configs run in tests/test_cli.py (data_parallel there with init args
+overridden by flags and bf16-mixed; the registry names there and in tests/multiprocess/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -19,30 +20,12 @@ COMMON = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_ste
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["--trainer.strategy=data_parallel"],
-        [
-            "--trainer.strategy=lightning_scale.strategies.DataParallelStrategy",
-            "--trainer.strategy.zero_stage=1",
-            "--trainer.strategy.grad_compression=powersgd",
-            "--trainer.strategy.powersgd_warmup_steps=2",
-            "--trainer.precision=bf16-mixed",
-        ],
-        [
-            "--trainer.strategy=lightning_scale.strategies.ModelParallelStrategy",
-            "--trainer.strategy.tensor_parallel_size=2",
-            "--trainer.precision=bf16-mixed",
-        ],
-    ],
-    ids=[
-        "data-parallel",
-        "data-parallel-init-args-bf16-mixed",
-        "model-parallel-tensor-parallel-bf16-mixed",
-    ],
-)
-def test_lightning_cli_trains_with_the_strategy(tmp_path, args):
+def test_lightning_cli_trains_model_parallel_by_class_path_with_tensor_parallelism_and_bf16_mixed(tmp_path):
+    args = [
+        "--trainer.strategy=lightning_scale.strategies.ModelParallelStrategy",
+        "--trainer.strategy.tensor_parallel_size=2",
+        "--trainer.precision=bf16-mixed",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [
         sys.executable,
