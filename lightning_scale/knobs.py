@@ -13,6 +13,8 @@ __all__ = [
     "PROGRESS_EVERY_S",
     "STORAGE_ATTEMPTS",
     "STORAGE_BACKOFF_S",
+    "STORAGE_CALL_TIMEOUT_S",
+    "STORAGE_MIN_UPLOAD_BYTES_PER_S",
     "UPLOAD_PART_BYTES",
 ]
 
@@ -45,6 +47,15 @@ STORAGE_ATTEMPTS = _int("STORAGE_ATTEMPTS", 4)
 
 STORAGE_BACKOFF_S = _float("STORAGE_BACKOFF_S", 2.0)
 """Wait before the second attempt; each further wait doubles (2, 4, 8 s by default)."""
+
+STORAGE_CALL_TIMEOUT_S = _float("STORAGE_CALL_TIMEOUT_S", 120.0)
+"""Deadline of one call to an asynchronous object store (s3fs, gcsfs, adlfs); an upload gets this plus its size at
+:data:`STORAGE_MIN_UPLOAD_BYTES_PER_S`. A call past its deadline is cancelled and counts as a transient failure
+(retried): a connection that goes silent mid-upload otherwise hangs the save, since HTTP clients time out reads and
+connects but not a blocked send."""
+
+STORAGE_MIN_UPLOAD_BYTES_PER_S = _float("STORAGE_MIN_UPLOAD_BYTES_PER_S", 8 * 1024 * 1024)
+"""The slowest upload rate that :data:`STORAGE_CALL_TIMEOUT_S` allows for (a 10 GB upload may take 21 min)."""
 
 UPLOAD_PART_BYTES = _int("UPLOAD_PART_BYTES", 64 * 1024 * 1024)
 """Part size of multipart uploads to object stores that take one (s3fs): a checkpoint of at least two parts is sent

@@ -1,4 +1,5 @@
-"""A TCP forwarder on 127.0.0.1 that can take the network down: every connection dropped, new ones refused."""
+"""A TCP forwarder on 127.0.0.1 that can take the network down (every connection dropped, new ones refused) or make
+it go silent (connections stay open, nothing gets through)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ class TcpProxy:
 
     While cut, open connections are reset and new ones closed at once, as clients of a stopped server see it.
     :meth:`cut_after` cuts automatically once that many more bytes went from clients to the server (mid-upload).
+    While :meth:`stall`-ed, connections stay open and new ones are accepted, but no byte is forwarded either way until
+    :meth:`restore` (:meth:`stall_after`: once that many more bytes went up): a black-holed network, which only a
+    client's own deadline gets out of.
     """
 
     def __init__(self, target_port: int) -> None:
@@ -18,6 +22,9 @@ class TcpProxy:
         self.up = True
         self.bytes_up = 0
         self._cut_at: int | None = None
+        self._stall_at: int | None = None
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -37,6 +44,14 @@ class TcpProxy:
     def restore(self) -> None:
         with self._lock:
             self.up = True
+        self._flowing.set()
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def stall_after(self, more_bytes: int) -> None:
+        with self._lock:
+            self._stall_at = self.bytes_up + more_bytes
 
     def cut_after(self, more_bytes: int) -> None:
         with self._lock:
@@ -44,6 +59,7 @@ class TcpProxy:
 
     def close(self) -> None:
         self._closed = True
+        self._flowing.set()
         self.cut()
         self._thread.join(timeout=5)
         self._listener.close()
@@ -76,9 +92,13 @@ class TcpProxy:
                     with self._lock:
                         self.bytes_up += len(data)
                         cut = self._cut_at is not None and self.bytes_up >= self._cut_at
+                        if self._stall_at is not None and self.bytes_up >= self._stall_at:
+                            self._stall_at = None
+                            self._flowing.clear()
                     if cut:
                         self.cut()
                         return
+                self._flowing.wait()
                 sink.sendall(data)
         except OSError:
             pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import threading
 import time
@@ -205,8 +206,8 @@ def test_missing_credentials_fail_at_fit_start_naming_them(s3_bucket, monkeypatc
 def s3_outage(monkeypatch, tmp_path):
     """A bucket on a moto server reached through a ``TcpProxy`` that the test can cut and restore.
 
-    Clients give up quickly (one attempt per request, short timeouts), ``ResumableCheckpoint`` retries each upload
-    twice more 0.3 s and 0.6 s later, and uploads go in 5 MiB parts. Yields ``(proxy, bucket, s3 client)``, the client
+    Clients give up quickly (one attempt per request, short timeouts, a 20 s deadline per storage call),
+    ``ResumableCheckpoint`` retries each upload twice more 0.3 s and 0.6 s later, and uploads go in 5 MiB parts. Yields ``(proxy, bucket, s3 client)``, the client
     talking to the server directly (not through the proxy).
     """
     import boto3
@@ -214,6 +215,7 @@ def s3_outage(monkeypatch, tmp_path):
     monkeypatch.setattr(knobs, "STORAGE_ATTEMPTS", 3)
     monkeypatch.setattr(knobs, "STORAGE_BACKOFF_S", 0.3)
     monkeypatch.setattr(knobs, "UPLOAD_PART_BYTES", 5 * 2**20)
+    monkeypatch.setattr(knobs, "STORAGE_CALL_TIMEOUT_S", 20.0)  # a call stuck on a dead connection is retried soon
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
     werkzeug_log = logging.getLogger("werkzeug")
     werkzeug_level = werkzeug_log.level
@@ -343,6 +345,45 @@ def test_a_brief_outage_mid_multipart_upload_is_retried_and_the_checkpoint_lands
     newest, skipped = find_newest_valid(CheckpointStore(f"s3://{bucket}/run"))
     assert newest is not None and newest.global_step == 4 and skipped == []  # size and sha256 match the manifest
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_an_upload_into_a_silent_network_hits_its_deadline_and_the_retry_lands_once_it_is_back(
+    s3_outage, monkeypatch, caplog
+):
+    proxy, bucket, client = s3_outage
+    _client_timeouts_at_their_defaults(monkeypatch)
+    monkeypatch.setattr(knobs, "STORAGE_CALL_TIMEOUT_S", 2.0)
+    store, data = CheckpointStore(f"s3://{bucket}/run"), random.Random(0).randbytes(12 * 2**20)
+    proxy.stall_after(2 * 2**20)  # in the middle of a part
+    threading.Timer(4.0, proxy.restore).start()  # after the first attempt's deadline (2 s + 12 MiB at 8 MiB/s)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="lightning_scale.checkpoint.retry"):
+        store.write_bytes("big.ckpt", data)
+    assert time.monotonic() - started < 20  # not the client's 60 s read timeout
+    assert "got no answer within 3.5 s" in caplog.text and "attempt 2/3" in caplog.text
+    assert store.read_bytes("big.ckpt") == data
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # the cancelled one was aborted
+
+
+def test_a_network_that_stays_silent_fails_the_upload_at_its_deadline_instead_of_hanging(s3_outage, monkeypatch):
+    proxy, bucket, _ = s3_outage
+    _client_timeouts_at_their_defaults(monkeypatch)
+    monkeypatch.setattr(knobs, "STORAGE_CALL_TIMEOUT_S", 1.0)
+    store = CheckpointStore(f"s3://{bucket}/run")
+    proxy.stall_after(2 * 2**20)
+    started = time.monotonic()
+    with pytest.raises(
+        TimeoutError, match=r"pipe_file\(.*big\.ckpt.*\) got no answer within 2.5 s.*STORAGE_CALL_TIMEOUT_S"
+    ):
+        store.write_bytes("big.ckpt", bytes(12 * 2**20))
+    assert time.monotonic() - started < 20  # 3 attempts at their 2.5 s deadline and 2 backoffs; not 3 x 60 s
+
+
+def _client_timeouts_at_their_defaults(monkeypatch) -> None:
+    """botocore's read timeout back at its default 60 s (``s3_outage`` shortens it): only our deadline can end a
+    stalled call sooner."""
+    monkeypatch.setitem(fsspec.config.conf["s3"]["config_kwargs"], "read_timeout", 60)
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_sharded_checkpoints_on_s3_auto_resume_bitwise_exact(s3_bucket, tiny_trainer_kwargs, tmp_path):

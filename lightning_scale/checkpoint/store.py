@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 import fsspec
+from fsspec.asyn import AsyncFileSystem
+from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 
 from lightning_scale import knobs
@@ -38,7 +40,10 @@ class CheckpointStore:
     allows (``fsync`` on local disk), and renaming it to its final name; readers never see a half-written file
     under a final name. On object stores a rename is a copy, so completeness is signalled by the manifest, which is
     published last (see :mod:`lightning_scale.checkpoint.manifest`). Writes and renames are retried with exponential
-    backoff while they fail transiently (:func:`~lightning_scale.checkpoint.retry.with_retries`).
+    backoff while they fail transiently (:func:`~lightning_scale.checkpoint.retry.with_retries`). On asynchronous
+    object stores (s3fs, gcsfs, adlfs) each write, rename and probe has a deadline
+    (:data:`~lightning_scale.knobs.STORAGE_CALL_TIMEOUT_S`): a connection that goes silent fails the attempt instead of
+    hanging the save.
 
     Args:
         dirpath: Local directory or fsspec URL of the checkpoint directory.
@@ -63,6 +68,22 @@ class CheckpointStore:
         self.is_local = isinstance(self.fs, LocalFileSystem)
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
         self.is_object_store = bool(protocols & OBJECT_STORE_PROTOCOLS)
+        self._has_deadlines = isinstance(self.fs, AsyncFileSystem)  # whose blocking calls take timeout=
+
+    def _call(self, method: str, path: str, *args: Any, upload_bytes: int = 0, **kwargs: Any) -> Any:
+        """``self.fs.<method>(path, ...)``, with a deadline on asynchronous filesystems: fsspec cancels the call when it
+        passes, and this raises a ``TimeoutError`` (transient: retried) naming the path and the knob."""
+        if not self._has_deadlines:  # their calls take no timeout
+            return getattr(self.fs, method)(path, *args, **kwargs)
+        timeout = knobs.STORAGE_CALL_TIMEOUT_S + upload_bytes / knobs.STORAGE_MIN_UPLOAD_BYTES_PER_S
+        try:
+            return getattr(self.fs, method)(path, *args, timeout=timeout, **kwargs)
+        except FSTimeoutError as err:
+            raise TimeoutError(
+                f"{method}({path!r}) got no answer within {timeout:.1f} s: the storage endpoint is unreachable or "
+                "stalled (deadline: LIGHTNING_SCALE_STORAGE_CALL_TIMEOUT_S plus the upload's size at "
+                "LIGHTNING_SCALE_STORAGE_MIN_UPLOAD_BYTES_PER_S)"
+            ) from err
 
     def path(self, name: str) -> str:
         """The filesystem path of ``name`` inside the directory (no protocol)."""
@@ -79,10 +100,10 @@ class CheckpointStore:
         try:
             if not self.is_object_store:  # which have no directories; and a missing bucket is a mistake to report
                 self.fs.makedirs(self.root, exist_ok=True)
-            self.fs.pipe_file(probe, b"ok")
-            if self.fs.cat_file(probe) != b"ok":
+            self._call("pipe_file", probe, b"ok")
+            if self._call("cat_file", probe) != b"ok":
                 raise OSError("the probe file read back differently")
-            self.fs.rm(probe)
+            self._call("rm", probe)
         except Exception as err:
             if isinstance(err, FileNotFoundError) and self.is_object_store:
                 raise CheckpointStorageError(
@@ -132,7 +153,7 @@ class CheckpointStore:
 
     def write_advisory(self, name: str, data: bytes) -> None:
         """Write a small advisory file in one attempt, not atomically: its reader must tolerate it torn or missing."""
-        self.fs.pipe_file(self.path(name), data)
+        self._call("pipe_file", self.path(name), data, upload_bytes=len(data))
 
     def write_with(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
         """Create ``name`` from what ``write(handle)`` writes, durably; retried whole on transient errors.
@@ -162,7 +183,8 @@ class CheckpointStore:
         write(buffer)
         data = buffer.getvalue()  # no copy: the buffer is not shared
         buffer.close()
-        with_retries(lambda: self.fs.pipe_file(self.path(name), data, **self._upload_options()), f"Uploading {name}")
+        options = self._upload_options()
+        self._upload(name, lambda: self._call("pipe_file", self.path(name), data, upload_bytes=len(data), **options))
 
     def put_file(self, local_path: str, name: str) -> None:
         """Copy the local file ``local_path`` to ``name``, durably; retried whole on transient errors. On an object
@@ -171,7 +193,29 @@ class CheckpointStore:
             with open(local_path, "rb") as source:
                 self.write_with(name, lambda handle: shutil.copyfileobj(source, handle, 16 * 2**20))
             return
-        with_retries(lambda: self.fs.put_file(local_path, self.path(name)), f"Uploading {name}")
+        size = os.path.getsize(local_path)
+        self._upload(name, lambda: self._call("put_file", local_path, self.path(name), upload_bytes=size))
+
+    def _upload(self, name: str, attempt: Callable[[], Any]) -> None:
+        """``attempt()`` the upload of ``name``, retried whole. An attempt cancelled at its deadline cannot abort its
+        own multipart upload, whose parts S3 keeps (and bills) until someone does: once a later attempt landed, abort
+        it."""
+        timed_out = False
+
+        def attempt_noting_timeouts() -> None:
+            nonlocal timed_out
+            try:
+                attempt()
+            except TimeoutError:
+                timed_out = True
+                raise
+
+        with_retries(attempt_noting_timeouts, f"Uploading {name}")
+        if timed_out:
+            try:
+                self.abort_unfinished_uploads(name)  # temporary names are unique: only the cancelled attempt's
+            except Exception as err:  # the checkpoint landed; a leftover is worth a warning, not a failed save
+                log.warning(f"Could not abort the cancelled upload of {name} ({type(err).__name__}: {err}).")
 
     def _upload_options(self) -> dict[str, Any]:
         pipe = getattr(self.fs, "_pipe_file", self.fs.pipe_file)
@@ -187,9 +231,16 @@ class CheckpointStore:
             return
 
         def rename() -> None:
-            if not self.fs.exists(self.path(temporary)) and self.fs.exists(self.path(name)):
+            source, target = self.path(temporary), self.path(name)  # a file, or a sharded checkpoint's directory
+            if not self._call("exists", source) and self._call("exists", target):
                 return  # an earlier attempt renamed it and lost the answer
-            self.fs.mv(self.path(temporary), self.path(name), recursive=True)  # a file, or a sharded checkpoint
+            if not self._has_deadlines:
+                self.fs.mv(source, target, recursive=True)
+                return
+            # fsspec's mv (a copy, then a removal) passes no timeout on: the same two calls, each with a deadline
+            size = self._call("du", source)
+            self._call("copy", source, target, recursive=True, on_error="raise", upload_bytes=size)
+            self._call("rm", source, recursive=True)
 
         with_retries(rename, f"Renaming {temporary} to {name}")
 
