@@ -35,8 +35,8 @@ __all__ = [
     "on_every_rank",
     "on_rank_zero",
     "rank",
-    "receive_",
     "send_to_others",
+    "start_receive",
     "world_size",
 ]
 
@@ -128,7 +128,7 @@ def broadcast_object(obj: T, src: int = 0, group: Any = None) -> T:
 def send_to_others(tensor: torch.Tensor, group: Any = None, tag: int = 0) -> list[Any]:
     """Start sending ``tensor`` to every other rank of ``group`` (point to point) and return without waiting.
 
-    Unlike a broadcast, the sender goes on at once; each receiver takes it with :func:`receive_`. With gloo a send
+    Unlike a broadcast, the sender goes on at once; each receiver takes it with :func:`start_receive`. With gloo a send
     completes when its receiver has posted the receive: ``wait()`` the returned handles before sending again.
     """
     if not (_group_ready() and dist.get_world_size(group) > 1):
@@ -139,11 +139,13 @@ def send_to_others(tensor: torch.Tensor, group: Any = None, tag: int = 0) -> lis
     ]
 
 
-def receive_(tensor: torch.Tensor, src: int, group: Any = None, tag: int = 0) -> torch.Tensor:
-    """Overwrite ``tensor`` with what global rank ``src`` sends with :func:`send_to_others` (in place)."""
-    if _group_ready() and dist.get_world_size(group) > 1:
-        dist.recv(tensor, src=src, group=group, tag=tag)
-    return tensor
+def start_receive(tensor: torch.Tensor, src: int, group: Any = None, tag: int = 0) -> list[Any]:
+    """Post the receive of what global rank ``src`` sends with :func:`send_to_others` into ``tensor`` (in place) and
+    return without waiting: ``wait()`` the returned handles. Posted early, the transfer completes while this rank
+    still computes, and neither side waits for the other."""
+    if not (_group_ready() and dist.get_world_size(group) > 1):
+        return []
+    return [dist.irecv(tensor, src=src, group=group, tag=tag)]
 
 
 def all_reduce_sum_(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:

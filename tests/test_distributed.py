@@ -15,7 +15,7 @@ def test_single_process_votes_and_gathers_are_local():
     assert distributed.all_gather_object({"a": 1}) == [{"a": 1}]
     assert distributed.broadcast_object("x") == "x"
     assert distributed.send_to_others(torch.ones(1)) == []
-    assert distributed.receive_(torch.ones(1), src=0).item() == 1.0
+    assert distributed.start_receive(torch.ones(1), src=0) == []
     distributed.barrier()
 
 

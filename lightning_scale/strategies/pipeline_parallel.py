@@ -259,35 +259,40 @@ class PipelineParallelStrategy(DDPStrategy):
 
     def _run(self, mode: str, batch: Any) -> tuple[Tensor, int]:
         """Run ``batch`` through the pipeline (``train`` or ``eval``); the mean microbatch loss (the same on every rank
-        of the pipeline) and the batch size."""
+        of the pipeline) and the batch size.
+
+        The loss goes from the last stage to the others point to point, the receive posted before the schedule runs:
+        it arrives while the first stage still runs its final backward, so no rank waits for it. A broadcast held the
+        last stage until the first one finished that backward, which pushed the last stage's optimizer step into the
+        next step's critical path (~9 ms a step at D=1024, m=8 on 2 CPU processes); a receive posted after the
+        schedule cost the first stage ~0.5 ms a step."""
         inputs, target = self._split_batch(batch)
-        losses: list[Tensor] = []
-        last = self._runs_stage(-1)
-        self._pipeline(mode, inputs, target=target if last else None, losses=losses if last else None)
-        loss = torch.stack(losses).mean().detach().float() if last else torch.zeros((), device=self.root_device)
-        return self._share_loss(loss, last), len(inputs[0])
-
-    def _share_loss(self, loss: Tensor, last: bool) -> Tensor:
-        """The last stage's loss on every rank of the pipeline. Sent point to point without waiting: a broadcast
-        would hold the last stage until the first one finishes its final backward, which pushed the last stage's
-        optimizer step into the next step's critical path (~9 ms a step at D=1024, m=8 on 2 CPU processes)."""
+        self._check_divisible(len(inputs[0]))  # before anything is posted: every rank raises alike
         group = self._mesh.get_group("pp")
-        if not last:
-            return distributed.receive_(loss, self._last_stage_rank(), group=group, tag=LOSS_TAG)
-        for send in self._loss_sends:  # the previous step's: every receiver took it before starting this step
-            send.wait()
-        self._loss_sends = distributed.send_to_others(loss.clone(), group=group, tag=LOSS_TAG)
-        return loss
+        loss = torch.zeros((), device=self.root_device)
+        last = self._runs_stage(-1)
+        receiving = [] if last else distributed.start_receive(loss, self._last_stage_rank(), group, tag=LOSS_TAG)
+        losses: list[Tensor] = []
+        self._pipeline(mode, inputs, target=target if last else None, losses=losses if last else None)
+        if last:
+            loss = torch.stack(losses).mean().detach().float()
+            for send in self._loss_sends:  # the previous step's: every receiver took it before starting this step
+                send.wait()
+            self._loss_sends = distributed.send_to_others(loss.clone(), group=group, tag=LOSS_TAG)
+        for receive in receiving:
+            receive.wait()
+        return loss, len(inputs[0])
 
-    def _pipeline(self, mode: str, inputs: tuple[Tensor, ...], **kwargs: Any) -> Any:
-        size = inputs[0].shape[0]
+    def _check_divisible(self, size: int) -> None:
         if size % self.n_microbatches:
             divisors = [d for d in range(2, min(size, 64) + 1) if size % d == 0][:4]
             raise ValueError(
                 f"n_microbatches={self.n_microbatches} does not divide the batch size {size}; choose a divisor such "
                 f"as {divisors} (--trainer.strategy.n_microbatches), or a batch size that it divides."
             )
-        schedule = self._schedule_for(mode, size)
+
+    def _pipeline(self, mode: str, inputs: tuple[Tensor, ...], **kwargs: Any) -> Any:
+        schedule = self._schedule_for(mode, inputs[0].shape[0])
         args = inputs if self._runs_stage(0) else ()
         if mode == "train":
             return schedule.step(*args, return_outputs=False, **kwargs)
@@ -378,8 +383,10 @@ class PipelineParallelStrategy(DDPStrategy):
             inputs = split(batch)[0]
         else:
             inputs = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 else batch
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        self._check_divisible(len(inputs[0]))
         with self.precision_plugin.predict_step_context():
-            output = self._pipeline("predict", inputs if isinstance(inputs, tuple) else (inputs,))
+            output = self._pipeline("predict", inputs)
         # on the CPU: a tensor pickled on one GPU would unpickle onto the same device index in every other process
         output = apply_to_collection(output, Tensor, lambda t: t.cpu())
         return distributed.broadcast_object(output, self._last_stage_rank(), group=self._mesh.get_group("pp"))
