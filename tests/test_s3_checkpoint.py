@@ -207,8 +207,8 @@ def s3_outage(monkeypatch, tmp_path):
     """A bucket on a moto server reached through a ``TcpProxy`` that the test can cut and restore.
 
     Clients give up quickly (one attempt per request, short timeouts, a 20 s deadline per storage call),
-    ``ResumableCheckpoint`` retries each upload twice more 0.3 s and 0.6 s later, and uploads go in 5 MiB parts. Yields ``(proxy, bucket, s3 client)``, the client
-    talking to the server directly (not through the proxy).
+    ``ResumableCheckpoint`` retries each upload twice more 0.3 s and 0.6 s later, and uploads go in 5 MiB parts.
+    Yields ``(proxy, bucket, s3 client)``, the client talking to the server directly (not through the proxy).
     """
     import boto3
 
