@@ -7,6 +7,8 @@ measured bubble against theory (p-1)/(m+p-1). Writes ``benchmarks/results/pipeli
 Raw and ours run in the same two processes, alternating every round (see ``_pipeline_job.py``): the ratio of each
 round's pair, then the median over rounds. Measured bubble = 1 - (one process, 1 thread, per step / p) / pipeline
 step: the share of the pipeline's time not spent on a perfect split of the work (schedule bubble plus transfers).
+Lightning's own cost per step is measured on one process: a stock Trainer on the same model (its training_step logs
+the loss, as pipeline_parallel does) minus the raw loop; compare it with ours minus raw.
 """
 
 from __future__ import annotations
@@ -50,19 +52,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two rounds, one width, m=4 (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "pipeline_throughput.json"))
     args = parser.parse_args()
-    rounds, widths, ms, steps = (2, [128], [4], 12) if args.quick else (7, [256, 1024], [2, 4, 8], 40)
+    rounds, widths, ms, steps = (2, [128], [4], 12) if args.quick else (11, [256, 1024], [2, 4, 8], 40)
 
     rows = []
     for width in widths:
         singles = run(["single", str(width), str(steps), str(rounds)], 1)
         one = spread(singles["single"])["median"]
+        lightning_cost = spread([a - b for a, b in zip(singles["lightning"], singles["single"], strict=True)])
         for m in ms:
             pipes = run(["pipeline", str(width), str(m), str(steps), str(rounds)], STAGES)
             raw, ours = spread(pipes["raw"]), spread(pipes["ours"])
             rows.append({
                 "width": width, "microbatches": m,
                 "single_1t_s": spread(singles["single"]), "single_2t_s": spread(singles["single-2t"]),
-                "raw_s": raw, "ours_s": ours,
+                "raw_s": raw, "ours_s": ours, "lightning_1t_s": spread(singles["lightning"]),
+                # seconds a step over the raw loop: ours (2 processes, paired per round) and stock Lightning (1 process)
+                "ours_minus_raw_s": spread([o - r for r, o in zip(pipes["raw"], pipes["ours"], strict=True)]),
+                "lightning_minus_raw_1p_s": lightning_cost,
                 # paired within each round (seconds apart, same processes), then the median over rounds
                 "ours_over_raw_throughput": spread([r / o for r, o in zip(pipes["raw"], pipes["ours"], strict=True)]),
                 "bubble_theory": (STAGES - 1) / (m + STAGES - 1),
@@ -72,14 +78,16 @@ def main() -> None:
 
     print(f"pipeline throughput: 2 stages (gloo, 1 thread each), 1F1B, {rounds} rounds, medians; ms per step")
     print(f"{'D':>5} {'m':>2} {'1 proc 1t':>10} {'1 proc 2t':>10} {'raw':>8} {'ours':>8} {'ours/raw':>9} "
-          f"{'bubble theory':>14} {'measured raw':>13} {'ours':>6}")  # fmt: skip
+          f"{'bubble theory':>14} {'measured raw':>13} {'ours':>6} "
+          f"{'ours-raw':>9} {'Lightning-raw 1p':>17}")  # fmt: skip
     for r in rows:
         print(
             f"{r['width']:>5} {r['microbatches']:>2} {r['single_1t_s']['median'] * 1e3:10.2f} "
             f"{r['single_2t_s']['median'] * 1e3:10.2f} {r['raw_s']['median'] * 1e3:8.2f} "
             f"{r['ours_s']['median'] * 1e3:8.2f} "
             f"{r['ours_over_raw_throughput']['median']:9.3f} {r['bubble_theory']:14.2f} "
-            f"{r['bubble_measured_raw']:13.2f} {r['bubble_measured_ours']:6.2f}"
+            f"{r['bubble_measured_raw']:13.2f} {r['bubble_measured_ours']:6.2f} "
+            f"{r['ours_minus_raw_s']['median'] * 1e3:9.2f} {r['lightning_minus_raw_1p_s']['median'] * 1e3:17.2f}"
         )
     worst = min(r["ours_over_raw_throughput"]["median"] for r in rows)
     print(

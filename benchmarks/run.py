@@ -181,7 +181,10 @@ def main() -> None:
     previous = json.loads(Path(args.out).read_text()) if args.only and Path(args.out).exists() else None
     if previous is not None and previous["quick"] == args.quick:  # --only refreshes those rows of the last run
         results, seconds = previous["results"], previous["seconds"]
-        command_line = f"{previous['command']}, then {command_line}"
+        if not previous["command"].endswith(command_line):  # the same refresh again is named once
+            command_line = f"{previous['command']}, then {command_line}"
+        else:
+            command_line = previous["command"]
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:  # one at a time: concurrent benchmarks would measure each other
             out = Path(scratch if args.quick else RESULTS) / f"{name}.json"
