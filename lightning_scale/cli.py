@@ -36,6 +36,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
 
 import lightning_scale  # registers the strategies
+from lightning_scale import distributed
 from lightning_scale.callbacks import CostTracker, ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import consolidate_checkpoint
 
@@ -142,7 +143,8 @@ def _consolidate(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``lightning-scale`` and ``python -m lightning_scale``."""
+    """Entry point of ``lightning-scale`` and ``python -m lightning_scale``; once the command finished, it tears down
+    the process group, whose gloo threads could otherwise abort the exiting process."""
     explicit = argv is not None
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["consolidate"]:
@@ -151,3 +153,4 @@ def main(argv: list[str] | None = None) -> None:
     if os.getcwd() not in sys.path:  # class paths in the current directory, as `python -m` finds them
         sys.path.insert(0, os.getcwd())
     ScaleCLI(args=argv if explicit else None)
+    distributed.destroy_process_group()  # a gloo group alive at interpreter exit can abort a finished job (exit -6)

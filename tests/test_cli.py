@@ -9,10 +9,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 import yaml
+from lightning.pytorch import Callback
 
 from examples.char_transformer import CharTransformer
 from lightning_scale.cli import main
@@ -168,6 +170,25 @@ def test_consolidating_a_missing_checkpoint_is_a_usage_error(tmp_path):
     assert done.returncode == 2 and "Traceback" not in output(done), output(done)[-2000:]
     assert "cannot consolidate" in done.stderr and "nothing.ckpt" in done.stderr
     assert not (tmp_path / "one.ckpt").exists()
+
+
+def test_a_finished_run_leaves_no_process_group_behind(tmp_path):
+    """A gloo group still alive at interpreter exit can abort the finished process (exit -6, "terminate called
+    without an active exception"), which torchrun counts as a failure; the command tears it down."""
+    with mock.patch.dict(os.environ):  # Lightning sets MASTER_ADDR/PORT and the ranks for its group
+        main(["fit", *EXAMPLE, "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=ddp",
+              "--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--trainer.logger=false", "--cost=null",
+              f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+              "--trainer.callbacks+=tests.test_cli.SeesTheProcessGroup"])  # fmt: skip
+    assert SeesTheProcessGroup.seen == [True]  # it trained in a (one-process) gloo group
+    assert not torch.distributed.is_initialized()
+
+
+class SeesTheProcessGroup(Callback):
+    seen: list[bool] = []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        SeesTheProcessGroup.seen.append(torch.distributed.is_initialized())
 
 
 def test_the_top_level_help_names_consolidate(capsys):
