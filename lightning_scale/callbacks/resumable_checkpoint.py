@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
@@ -34,22 +33,10 @@ from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
 from lightning_scale.checkpoint.background import BackgroundWriter, HostStager
 from lightning_scale.checkpoint.cadence import AutoCadence
-from lightning_scale.checkpoint.manifest import (
-    PARTIAL_SUFFIX,
-    PREVIOUS_SUFFIX,
-    Manifest,
-    find_newest_valid,
-    list_manifests,
-    manifest_name,
-    prepare_directory,
-    publish_checkpoint,
-    publish_directory,
-    read_manifest,
-)
+from lightning_scale.checkpoint.manifest import PREVIOUS_SUFFIX, Manifest, find_newest_valid, list_manifests
 from lightning_scale.checkpoint.progress import ProgressMarker, ResumeInfo
-from lightning_scale.checkpoint.sharded import file_digests, save_sharded
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
-from lightning_scale.checkpoint.upload import upload_checkpoint
+from lightning_scale.checkpoint.writer import CheckpointWriter
 
 __all__ = ["ResumableCheckpoint"]
 
@@ -219,7 +206,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._stager = HostStager()
         self._staged: tuple[int, dict[str, Any] | None, dict[str, Any]] | None = None
         self._synchronous = False
-        self._write_failed = False
+        self._checkpoint_writer: CheckpointWriter | None = None
         self._save_group: Any = None
 
     @staticmethod
@@ -242,6 +229,13 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._store = CheckpointStore(str(self.dirpath))
         return self._store
 
+    @property
+    def _files(self) -> CheckpointWriter:
+        """Writes, uploads and removes this callback's checkpoint files (from ``setup`` on)."""
+        if self._checkpoint_writer is None:
+            raise RuntimeError("ResumableCheckpoint writes checkpoints once setup() resolved dirpath.")
+        return self._checkpoint_writer
+
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
@@ -258,7 +252,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         if stage != "fit":
             return
         self._trainer = trainer
-        self._on_storage(self._remove_partial_files, "Cleaning unfinished saves")
+        self._checkpoint_writer = CheckpointWriter(self.store, self._cache, self._retain)
+        self._on_storage(self._files.remove_partial_files, "Cleaning unfinished saves")
         self._run_id = distributed.broadcast_object(uuid.uuid4().hex)
         self._generation, self._resumed_at = 0, None
         self._progress, self._progress_from = ProgressMarker(self.store), None
@@ -347,14 +342,6 @@ class ResumableCheckpoint(ModelCheckpoint):
                 f"{what or 'Checkpoint storage'} failed ({err}) in {self.dirpath}. Earlier checkpoints are untouched; "
                 "check the storage (space, permissions, credentials) and re-run to resume."
             ) from err
-
-    def _remove_partial_files(self) -> None:
-        for store in [self.store] if self._cache is None else [self.store, self._cache]:
-            for name in store.names():
-                if name.endswith(PARTIAL_SUFFIX):  # a save that never finished; never a checkpoint
-                    store.remove(name)
-        self.store.abort_unfinished_uploads(PARTIAL_SUFFIX)
-        self._write_failed = False
 
     def _choose_resume_checkpoint(self, trainer: pl.Trainer) -> str | None:
         if trainer.global_step > 0:
@@ -473,10 +460,10 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._finish_background_saves(trainer)  # at most one upload in flight
         checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers the full state
         fields = self._manifest_fields(trainer, checkpoint)
-        self._on_storage(lambda: self._write(checkpoint, name, fields), f"Saving checkpoint {name}")
+        self._on_storage(lambda: self._files.write(checkpoint, name, fields), f"Saving checkpoint {name}")
         uploading = self._cache is not None and not self._synchronous
         if self._cache is not None and self._synchronous:  # save_now: durable in dirpath before it returns
-            self._on_storage(lambda: self._upload(name), f"Uploading checkpoint {name}")
+            self._on_storage(lambda: self._files.upload(name), f"Uploading checkpoint {name}")
         elif uploading and trainer.is_global_zero:
             self._writer.submit(lambda: self._upload_in_background(name, started), what=filepath)
         self._saved_synchronously(trainer, filepath, started, durable=not uploading)
@@ -488,29 +475,13 @@ class ResumableCheckpoint(ModelCheckpoint):
         checkpoint = dump_checkpoint(trainer, self.save_weights_only)
         native = writes_sharded_checkpoints(trainer.strategy)
         try:
-            self._write_sharded(checkpoint, name, self._manifest_fields(trainer, checkpoint), native, group=None)
+            self._files.write_sharded(checkpoint, name, self._manifest_fields(trainer, checkpoint), native, group=None)
         except Exception as err:  # raised on every rank alike
             raise CheckpointStorageError(
                 f"Saving sharded checkpoint {name} failed ({type(err).__name__}: {err}) in {self.dirpath}. Earlier "
                 "checkpoints are untouched; check the storage (space, permissions, credentials) and re-run to resume."
             ) from err
         self._saved_synchronously(trainer, filepath, started)
-
-    def _write_sharded(
-        self, checkpoint: dict[str, Any], name: str, fields: dict[str, Any], native: bool, group: Any
-    ) -> None:
-        """Every rank of ``group``: write the shards, hash them, and (rank 0) publish the manifest; raises on every
-        rank if any failed, after rank 0 removed the unfinished directory."""
-        try:
-            aside = distributed.on_rank_zero(lambda: prepare_directory(self.store, name), group)
-            files = save_sharded(checkpoint, self.store, name, native, group)
-            digests = file_digests(self.store, name, files, group)
-            distributed.on_rank_zero(lambda: self._publish_directory(name, digests, aside, fields), group)
-        except Exception:
-            if distributed.rank() == 0:
-                with contextlib.suppress(Exception):
-                    self.store.remove(name)
-            raise
 
     def _saved_synchronously(self, trainer: pl.Trainer, filepath: str, started: float, durable: bool = True) -> None:
         self._saved(trainer, filepath, started)
@@ -520,12 +491,6 @@ class ResumableCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
-
-    def _publish_directory(
-        self, name: str, digests: dict[str, list[Any]], aside: str | None, fields: dict[str, Any]
-    ) -> None:
-        publish_directory(self.store, name, digests, aside, **fields)
-        self._retain()
 
     def _save_in_background(self, trainer: pl.Trainer, filepath: str) -> None:
         """Stage the state in host memory (every rank takes part in gathering it) and queue rank 0's write."""
@@ -542,46 +507,9 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._writer.submit(lambda: self._write_in_background(staged, name, fields, started), what=filepath)
         self._saved(trainer, filepath, started)
 
-    def _write(self, checkpoint: dict[str, Any], name: str, fields: dict[str, Any]) -> None:
-        """Serialise ``checkpoint`` and publish it as ``name``, on rank 0 (no collectives, no Trainer state): into
-        ``dirpath``, or into ``local_cache_dir`` for :meth:`_upload` to copy."""
-        store = self.store if self._cache is None else self._cache
-        temporary = f".{name}{PARTIAL_SUFFIX}"
-        try:
-            store.write_with(temporary, lambda handle: torch.save(checkpoint, handle))
-            publish_checkpoint(store, temporary, name, **fields)
-        except Exception:
-            self._write_failed |= self._cache is None
-            with contextlib.suppress(Exception):  # a full disk must not stay full of the failed save
-                store.remove(temporary)
-            raise
-        if self._cache is None:
-            self._published()
-
-    def _upload(self, name: str) -> None:
-        """Copy checkpoint ``name`` from the local cache to ``dirpath`` (rank 0, no collectives), then drop the cached
-        copies up to it (all but a copy whose upload failed)."""
-        assert self._cache is not None
-        try:
-            mine = upload_checkpoint(self._cache, self.store, name)
-        except Exception:
-            self._write_failed = True
-            with contextlib.suppress(Exception):
-                self._drop_cached(read_manifest(self._cache, name).order, keep_equal=True)
-            raise
-        self._drop_cached(mine.order, keep_equal=False)
-        self._published()
-
-    def _drop_cached(self, order: tuple[int, int, float], keep_equal: bool) -> None:
-        assert self._cache is not None
-        for manifest in list_manifests(self._cache)[0]:
-            if manifest.order < order or (manifest.order == order and not keep_equal):
-                self._cache.remove(manifest_name(manifest.name))
-                self._cache.remove(manifest.name)
-
     def _upload_in_background(self, name: str, started: float) -> None:
         try:
-            self._upload(name)
+            self._files.upload(name)
         except Exception as err:
             rank_zero_warn(
                 f"Uploading checkpoint {name} to {self.dirpath} failed ({type(err).__name__}: {err}). Its local copy "
@@ -591,23 +519,15 @@ class ResumableCheckpoint(ModelCheckpoint):
             raise
         self.last_save_seconds = self._clock() - started
 
-    def _published(self) -> None:
-        """After a checkpoint landed in ``dirpath``: retention, and the leftovers of an earlier failed write."""
-        self._retain()
-        if self._write_failed:  # the store is back: drop what the failed write could not (no other write runs)
-            with contextlib.suppress(Exception):
-                self.store.abort_unfinished_uploads(PARTIAL_SUFFIX)
-                self._write_failed = False
-
     def _write_in_background(self, staged: dict[str, Any], name: str, fields: dict[str, Any], started: float) -> None:
         """Runs on the writer thread: rank 0's single file, or every rank's shards over the writers' own group."""
         try:
             if self._sharded:
-                self._write_sharded(staged, name, fields, native=False, group=self._save_group)
+                self._files.write_sharded(staged, name, fields, native=False, group=self._save_group)
             else:
-                self._write(staged, name, fields)
+                self._files.write(staged, name, fields)
                 if self._cache is not None:
-                    self._upload(name)
+                    self._files.upload(name)
         except Exception as err:
             rank_zero_warn(
                 f"The background save of checkpoint {name} to {self.dirpath} failed ({type(err).__name__}: {err}). "
@@ -662,12 +582,7 @@ class ResumableCheckpoint(ModelCheckpoint):
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         if trainer.is_global_zero:
-            self._remove(self._name_in_dir(filepath))
-
-    def _remove(self, name: str) -> None:
-        for store in [self.store] if self._cache is None else [self.store, self._cache]:
-            store.remove(manifest_name(name))  # first: a half-removed checkpoint is invalid, never trusted
-            store.remove(name)
+            self._files.remove(self._name_in_dir(filepath))
 
     def _apply_retention(self) -> None:
         if self.keep_last_k is None or self.monitor is not None:
@@ -681,7 +596,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             and not m.name.endswith(PREVIOUS_SUFFIX)
         ]  # fmt: skip
         for manifest in ours[self.keep_last_k :]:
-            self._remove(manifest.name)
+            self._files.remove(manifest.name)
 
     def _name_in_dir(self, filepath: str) -> str:
         return str(filepath).rstrip("/").rsplit("/", 1)[-1]
