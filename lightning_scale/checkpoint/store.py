@@ -197,25 +197,26 @@ class CheckpointStore:
         self._upload(name, lambda: self._call("put_file", local_path, self.path(name), upload_bytes=size))
 
     def _upload(self, name: str, attempt: Callable[[], Any]) -> None:
-        """``attempt()`` the upload of ``name``, retried whole. An attempt cancelled at its deadline cannot abort its
-        own multipart upload, whose parts S3 keeps (and bills) until someone does: once a later attempt landed, abort
-        it."""
-        timed_out = False
+        """``attempt()`` the upload of ``name``, retried whole. A failed attempt can leave its multipart upload open,
+        whose parts S3 keeps (and bills) until someone aborts it: one cancelled at its deadline cannot abort it, the
+        abort s3fs sends on failure can fail too (the network is down) and, sent while other parts are in flight, may
+        leave parts that land after it. So once a later attempt landed, abort what is left of this name's uploads."""
+        failed = False
 
-        def attempt_noting_timeouts() -> None:
-            nonlocal timed_out
+        def attempt_noting_failures() -> None:
+            nonlocal failed
             try:
                 attempt()
-            except TimeoutError:
-                timed_out = True
+            except Exception:
+                failed = True
                 raise
 
-        with_retries(attempt_noting_timeouts, f"Uploading {name}")
-        if timed_out:
+        with_retries(attempt_noting_failures, f"Uploading {name}")
+        if failed:
             try:
-                self.abort_unfinished_uploads(name)  # temporary names are unique: only the cancelled attempt's
+                self.abort_unfinished_uploads(name)  # only this writer writes ``name``: nothing else's upload
             except Exception as err:  # the checkpoint landed; a leftover is worth a warning, not a failed save
-                log.warning(f"Could not abort the cancelled upload of {name} ({type(err).__name__}: {err}).")
+                log.warning(f"Could not abort the failed upload of {name} ({type(err).__name__}: {err}).")
 
     def _upload_options(self) -> dict[str, Any]:
         pipe = getattr(self.fs, "_pipe_file", self.fs.pipe_file)
