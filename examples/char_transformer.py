@@ -214,6 +214,10 @@ class CharDataModule(pl.LightningDataModule):
         persistent_workers: Keep worker processes alive between epochs (when ``num_workers > 0``).
         worker_rng: Wrap the training set in :class:`~lightning_scale.data.WorkerRNGDataset`, so augmentation drawn
             in worker processes resumes exactly.
+        multiprocessing_context: How worker processes start (``"fork"``, ``"forkserver"``, ``"spawn"``; default:
+            the platform's). A process that forks while other threads run (gloo, queue feeders, a pin-memory thread)
+            can leave a worker deadlocked at start-up on a lock one of them held; ``"forkserver"`` forks from a
+            clean process instead.
     """
 
     def __init__(
@@ -227,6 +231,7 @@ class CharDataModule(pl.LightningDataModule):
         val_fraction: float = 0.1,
         persistent_workers: bool = True,
         worker_rng: bool = True,
+        multiprocessing_context: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -247,6 +252,9 @@ class CharDataModule(pl.LightningDataModule):
 
     def _generator(self) -> torch.Generator:
         return torch.Generator().manual_seed(self.hparams.seed)
+
+    def _context(self) -> str | None:
+        return self.hparams.multiprocessing_context if self.hparams.num_workers > 0 else None
 
     @override
     def train_dataloader(self) -> StatefulDataLoader:
@@ -269,6 +277,7 @@ class CharDataModule(pl.LightningDataModule):
             drop_last=True,
             persistent_workers=self.hparams.persistent_workers and self.hparams.num_workers > 0,
             generator=self._generator(),
+            multiprocessing_context=self._context(),
         )
 
     @override
@@ -281,4 +290,5 @@ class CharDataModule(pl.LightningDataModule):
             num_workers=self.hparams.num_workers,
             persistent_workers=self.hparams.num_workers > 0,
             generator=self._generator(),
+            multiprocessing_context=self._context(),
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 from examples.char_transformer import CharDataModule, CharTransformer
 
 
@@ -14,11 +16,21 @@ def data_workers0() -> CharDataModule:
 
 
 def data_workers2() -> CharDataModule:
-    return CharDataModule(batch_size=8, num_workers=2, augment=True)
+    return CharDataModule(batch_size=8, num_workers=2, augment=True, multiprocessing_context=_forkserver())
 
 
 def data_workers2_no_worker_rng() -> CharDataModule:
-    return CharDataModule(batch_size=8, num_workers=2, augment=True, worker_rng=False)
+    return CharDataModule(
+        batch_size=8, num_workers=2, augment=True, worker_rng=False, multiprocessing_context=_forkserver()
+    )
+
+
+def _forkserver() -> str:
+    """Workers forked from a server process that runs no other thread. Forked by a rank itself, while gloo's threads
+    and the other loader's queue feeders ran, a worker deadlocked inside ``os.fork()`` about once in three CI runs.
+    The server imports torch and the example once per rank, so workers start in milliseconds."""
+    multiprocessing.set_forkserver_preload(["torch", "examples.char_transformer"])
+    return "forkserver"
 
 
 class PoisonedTransformer(CharTransformer):

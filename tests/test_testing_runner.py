@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_slow_start_dumps_every_thread_of_the_rank_into_the_log_and_training_goes_on(tmp_path):
     config = {
         "model_factory": "tests.factories:model",
-        "datamodule_factory": "tests.factories:data_workers2",
+        "datamodule_factory": "tests.factories:data_workers0",
         "steps": 2,
         "devices": 1,
         "seed": 0,

@@ -89,9 +89,10 @@ class _Tracer(Callback):
 
 
 class _StackDumpIfStuck(Callback):
-    """Diagnosis of a rare hang at start-up (a resumed rank waiting for its DataLoader workers' start-up handshake):
-    if no training step has started ``seconds`` after set-up (normally ~10 s), dump every thread of this rank and of
-    its worker processes (which inherit the SIGUSR2 handler when forked) into the job's log; the job goes on."""
+    """Diagnosis of a hang at start-up (e.g. a DataLoader worker deadlocked inside ``os.fork()``, see README): if no
+    training step has started ``seconds`` after set-up (normally ~10 s), dump every thread of this rank and of its
+    forked worker processes (which inherit the SIGUSR2 handler; others would die of it) into the job's log; the job
+    goes on."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -110,9 +111,14 @@ class _StackDumpIfStuck(Callback):
         if self.started.wait(self.seconds):
             return
         print(f"STACK DUMP: rank {rank} has not started a step after {self.seconds:.0f} s", file=sys.stderr, flush=True)
-        for process in [None, *multiprocessing.active_children()]:
+        forked = [p for p in multiprocessing.active_children() if _start_method(p) == "fork"]
+        for process in [None, *forked]:
             os.kill(os.getpid() if process is None else process.pid, signal.SIGUSR2)  # type: ignore[arg-type]
             time.sleep(0.5)  # one process at a time in the log
+
+
+def _start_method(process: multiprocessing.process.BaseProcess) -> str:
+    return getattr(process, "_start_method", None) or multiprocessing.get_start_method()
 
 
 class _BlockAfterCheckpoint(Callback):

@@ -90,7 +90,7 @@ def single_process_job(tmp_path: Path, grace_seconds: float, **extra) -> Path:
         tmp_path,
         {
             "model_factory": "tests.factories:model",
-            "datamodule_factory": "tests.factories:data_workers2",
+            "datamodule_factory": "tests.factories:data_workers0",
             "steps": 20,
             "devices": 1,
             "seed": 0,

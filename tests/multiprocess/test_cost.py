@@ -20,7 +20,7 @@ COST = {"price_per_hour": 8.0, "seconds_per_step": 450.0, "restart_gap_seconds":
 def config(steps: int, **extra) -> dict:
     return {
         "model_factory": "tests.factories:model",
-        "datamodule_factory": "tests.factories:data_workers2",
+        "datamodule_factory": "tests.factories:data_workers0",
         "steps": steps,
         "devices": 2,
         "seed": 0,

@@ -155,7 +155,7 @@ def test_a_cloud_notice_from_a_loopback_metadata_server_stops_the_job_and_it_res
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Metadata.noticed = None
     try:
-        config = {**base_config(steps), "checkpoint_every": 50}
+        config = {**base_config(steps), "checkpoint_every": 50, "datamodule_factory": "tests.factories:data_workers0"}
         reference = reference_run(config)
         url = f"http://127.0.0.1:{server.server_address[1]}"
         urls = {f"{each}_base_url": url for each in ("aws", "gcp", "azure")}
@@ -186,7 +186,8 @@ def test_a_cloud_notice_from_a_loopback_metadata_server_stops_the_job_and_it_res
 
 
 def test_sigkill_of_one_rank_ends_the_job_quickly_without_a_hang(tmp_path):
-    job = _job(tmp_path / "job", {**base_config(40), "faults": [{"step": 8, "rank": 1, "signal": "SIGKILL"}]})
+    config = {**base_config(40), "datamodule_factory": "tests.factories:data_workers0"}
+    job = _job(tmp_path / "job", {**config, "faults": [{"step": 8, "rank": 1, "signal": "SIGKILL"}]})
     started = time.monotonic()
     _attempt(job, 120, expect="failure")
     assert time.monotonic() - started < 60  # gloo sees the dead peer at once; torchrun ends the job
@@ -240,6 +241,7 @@ def test_a_notice_during_validation_stops_there_and_the_job_resumes_exactly(tmp_
     steps = 30
     config = {
         **base_config(steps),
+        "datamodule_factory": "tests.factories:data_workers0",
         "checkpoint_every": 7,  # so that the checkpoint written during validation at step 10 is a new one
         "trainer_kwargs": {"val_check_interval": 10, "limit_val_batches": 4},
     }
