@@ -1,6 +1,6 @@
 """The one place where lightning-scale touches private parts of Lightning.
 
-Lightning 2.6 offers no public hook for nine things exact resumption needs; each is wrapped here, and
+Lightning 2.6 offers no public hook for ten things lightning-scale needs; each is wrapped here, and
 ``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
 
 1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
@@ -20,7 +20,10 @@ Lightning 2.6 offers no public hook for nine things exact resumption needs; each
 8. restoring weights, optimizers, schedulers and precision state from a checkpoint in the middle of fit (a rollback):
    the strategy's loaders are public, but the key of the precision plugin's state is Lightning's checkpoint layout;
 9. continuing a W&B run after a restart: ``WandbLogger`` opens its run before any callback runs (in the setup
-   hook, before the checkpoint with the run's id is loaded), and offers no public way to open another one.
+   hook, before the checkpoint with the run's id is loaded), and offers no public way to open another one;
+10. changing every dataloader of a fit before its iterator starts worker processes (a validation loader's workers
+    start inside the validation loop, with no callback hook between the loader's creation and ``iter()``): done in
+    the strategy's ``process_dataloader``, which Lightning calls for each loader right after creating it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.data import sized_len
+from lightning.fabric.utilities.data import _auto_add_worker_init_fn, sized_len
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
@@ -48,6 +51,7 @@ __all__ = [
     "drop_lightning_loader_state",
     "dump_checkpoint",
     "is_last_batch_of_epoch",
+    "process_dataloaders_with",
     "reopen_wandb_run",
     "restore_from_when_unset",
     "restore_training_state",
@@ -182,6 +186,22 @@ def consumed_loader_states(trainer: pl.Trainer) -> list[Any]:
             "the data position cannot be saved exactly. Please report this with your Lightning version."
         )
     return history[-1 - ahead]
+
+
+def process_dataloaders_with(trainer: pl.Trainer, fn: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``fn(loader)`` on every dataloader Lightning prepares from now on (train, validation, test, predict, and
+    reloads), after its own preparation and before ``iter()``; return the function that undoes it."""
+    strategy = trainer.strategy
+    original = strategy.process_dataloader
+
+    def process_dataloader(dataloader: Any) -> Any:
+        dataloader = original(dataloader)
+        _auto_add_worker_init_fn(dataloader, trainer.global_rank)  # Lightning's next step: it skips a set function
+        fn(dataloader)
+        return dataloader
+
+    strategy.process_dataloader = process_dataloader  # type: ignore[method-assign]
+    return lambda: vars(strategy).pop("process_dataloader", None)
 
 
 def shut_down_dataloader_workers(trainer: pl.Trainer) -> None:

@@ -25,6 +25,12 @@ def data_workers2_no_worker_rng() -> CharDataModule:
     )
 
 
+def data_workers2_fork() -> CharDataModule:
+    """Workers forked by the rank itself: their deaths reach it at once (SIGCHLD), which is what a job-wide signal
+    test needs. One process and no gloo threads keep the fork hazard (below) remote."""
+    return CharDataModule(batch_size=8, num_workers=2, augment=True, multiprocessing_context="fork")
+
+
 def _forkserver() -> str:
     """Workers forked from a server process that runs no other thread. Forked by a rank itself, while gloo's threads
     and the other loader's queue feeders ran, a worker deadlocked inside ``os.fork()`` about once in three CI runs.

@@ -125,3 +125,33 @@ def test_sharded_checkpoint_flags_we_read_exist():
     assert not internals.writes_sharded_checkpoints(ModelParallelStrategy(save_distributed_checkpoint=False))
     assert internals.writes_sharded_checkpoints(FSDPStrategy(state_dict_type="sharded"))
     assert not internals.writes_sharded_checkpoints(FSDPStrategy())
+
+
+class SeesLoaders(Callback):
+    def __init__(self) -> None:
+        self.seen: list[tuple[object, object, object]] = []
+
+    def setup(self, trainer, pl_module, stage):
+        def record(loader) -> None:
+            self.seen.append((loader, loader._iterator, loader.worker_init_fn))
+
+        self.undo = internals.process_dataloaders_with(trainer, record)
+
+    def teardown(self, trainer, pl_module, stage):
+        self.undo()
+
+
+def test_process_dataloaders_with_sees_each_loader_before_its_iterator_after_lightnings_worker_seeding(
+    tiny_trainer_kwargs, monkeypatch
+):
+    from lightning.fabric.utilities.seed import pl_worker_init_function
+
+    monkeypatch.setenv("PL_SEED_WORKERS", "1")  # as seed_everything(workers=True) sets it
+    hook = SeesLoaders()
+    kwargs = {**tiny_trainer_kwargs, "limit_val_batches": 1, "num_sanity_val_steps": 1, "val_check_interval": 2}
+    trainer = Trainer(max_steps=2, callbacks=[hook], **kwargs)
+    trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
+    assert len(hook.seen) == 2  # the validation loader (for the sanity check), then the training loader
+    assert all(iterator is None for _, iterator, _ in hook.seen)
+    assert all(getattr(init, "func", None) is pl_worker_init_function for _, _, init in hook.seen)
+    assert "process_dataloader" not in vars(trainer.strategy)  # undone

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -18,10 +18,11 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
-from lightning_scale._lightning_internals import shut_down_dataloader_workers
+from lightning_scale._lightning_internals import process_dataloaders_with, shut_down_dataloader_workers
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError
+from lightning_scale.data import shield_workers
 from lightning_scale.preemption import Notice, NoticeSource, SignalNotice
 
 __all__ = ["SpotPreemption"]
@@ -41,7 +42,9 @@ class SpotPreemption(Callback):
     workers are stopped, and the process exits with ``exit_code``, which orchestrators (``torchrun
     --max-restarts``, SLURM requeue, a Kubernetes restart policy) read as a failure to restart, never as
     "finished". The restarted job resumes exactly. A notice during validation stops there: the checkpoint holds the
-    last training step, and the resumed run repeats that validation.
+    last training step, and the resumed run repeats that validation. DataLoader worker processes survive the
+    signals the sources listen to (SLURM sends them to every process of the job; a worker that died of one would fail
+    the training process before its save): see :class:`~lightning_scale.data.ShieldFromJobSignals`.
 
     Logged metrics (rank 0, at the preemption step): ``preemption/step``, ``preemption/seconds_to_durable``
     (notice to durable checkpoint), ``preemption/saved`` (1.0, or 0.0 when the deadline made it skip the save).
@@ -85,6 +88,7 @@ class SpotPreemption(Callback):
         self._started = False
         self._preempted: dict[str, Any] | None = None  # the notice that stopped the run, kept in the checkpoint
         self._last_voted_step = -1
+        self._unshield: Callable[[], None] = lambda: None
 
     @property
     @override
@@ -96,6 +100,11 @@ class SpotPreemption(Callback):
         if stage != "fit":
             return
         self._checkpoint = ResumableCheckpoint.of(trainer, "SpotPreemption (to save the full state on a notice)")
+        signals = sorted(
+            {name for source in self.sources if isinstance(source, SignalNotice) for name in source.signals}
+        )
+        if signals:  # SLURM signals every process of the job: DataLoader workers must outlive it until the save
+            self._unshield = process_dataloaders_with(trainer, lambda loader: shield_workers(loader, signals))
         # Pollers from now on. Signal handlers only once Lightning installed its own (below): installed earlier, they
         # would become the "original" handlers that Lightning puts back after fit.
         for source in self.sources:
@@ -174,10 +183,12 @@ class SpotPreemption(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._stop_sources()
+        self._unshield()
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._stop_sources()
+        self._unshield()
 
     def _stop_sources(self) -> None:
         if self._started:

@@ -33,11 +33,7 @@ class SignalNotice:
     """
 
     def __init__(self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1"), grace_seconds: float = 25.0) -> None:
-        valid = sorted(s.name for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP))
-        unknown = [name for name in signals if name not in valid]
-        if unknown or not signals:
-            raise ValueError(f"signals={list(signals)!r}: unknown or empty; choose from {', '.join(valid)}.")
-        self.signals = tuple(signals)
+        self.signals = checked_signal_names(signals)
         self.grace_seconds = validate_interval(grace_seconds, "grace_seconds")
         self._received: tuple[str, float] | None = None
         self._previous: dict[signal.Signals, Any] = {}
@@ -66,3 +62,12 @@ class SignalNotice:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
+
+
+def checked_signal_names(signals: Sequence[str]) -> tuple[str, ...]:
+    """``signals`` as a tuple, or a ``ValueError`` naming the ones that cannot be caught (or none at all)."""
+    valid = sorted(s.name for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP))
+    unknown = [name for name in signals if name not in valid]
+    if unknown or not signals:
+        raise ValueError(f"signals={list(signals)!r}: unknown or empty; choose from {', '.join(valid)}.")
+    return tuple(signals)

@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -39,6 +40,7 @@ from lightning_scale.callbacks import (
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import AWSSpotNotice, AzureScheduledEvents, GCPPreemptionNotice, SignalNotice
 from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy
+from lightning_scale.testing.processes import descendants
 from lightning_scale.testing.step_clock import StepClock
 
 
@@ -151,10 +153,12 @@ class _BlockAfterCheckpoint(Callback):
 
 
 class _Faults(Callback):
-    """Send signals to this process at given steps: ``{"restart", "step", "rank", "signal", "val_batch"}`` each.
+    """Send signals to this process at given steps: ``{"restart", "step", "rank", "signal", "val_batch", "job"}``.
 
     ``restart`` is torchrun's restart count of the attempt the fault belongs to (0 = the first attempt);
-    ``val_batch``, when given, sends it at that batch of the validation that runs after ``step``.
+    ``val_batch``, when given, sends it at that batch of the validation that runs after ``step``; with ``"job":
+    true`` another process sends it to this rank and every process below it (its DataLoader workers), as SLURM
+    signals every process of a job step.
     """
 
     def __init__(self, faults: list[dict[str, Any]]) -> None:
@@ -179,7 +183,12 @@ class _Faults(Callback):
                 and trainer.global_rank == fault["rank"]
                 and fault.get("val_batch") == val_batch
             ):
-                os.kill(os.getpid(), signal.Signals[fault["signal"]])
+                if not fault.get("job"):
+                    os.kill(os.getpid(), signal.Signals[fault["signal"]])
+                    continue
+                targets = [os.getpid(), *descendants(os.getpid())]
+                kill = f"import os; [os.kill(pid, {int(signal.Signals[fault['signal']])}) for pid in {targets!r}]"
+                subprocess.run([sys.executable, "-c", kill], check=True)
 
 
 def _cost_callbacks(config: dict[str, Any]) -> list[Callback]:

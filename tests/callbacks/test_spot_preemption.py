@@ -170,3 +170,25 @@ def test_with_gradient_accumulation_it_stops_after_an_optimizer_step_and_resumes
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
     expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+
+
+@pytest.mark.timeout(180)
+def test_a_sigterm_to_every_process_of_the_job_saves_at_the_next_step_and_resumes_exactly(tmp_path):
+    """As SLURM signals every process of a job step: the rank and its train and validation loaders' workers get
+    SIGTERM from another process. The workers outlive it until the rank saved and stopped them (without the shield,
+    torch's workers die of it and the rank fails at once: "DataLoader worker (pid N) is killed by signal")."""
+    extra = {"trainer_kwargs": {"limit_val_batches": 2, "val_check_interval": 5}}
+    extra["datamodule_factory"] = "tests.factories:data_workers2_fork"
+    reference = single_process_job(tmp_path / "reference", grace_seconds=25, faults=[], **extra)
+    _attempt(reference, 100, expect="finish")
+    faults = [{"step": 6, "rank": 0, "signal": "SIGTERM", "job": True}]  # during step 7, after a validation
+    job = single_process_job(tmp_path / "job", grace_seconds=25, faults=faults, **extra)
+    assert _attempt(job, 100, expect="failure") == 143
+    log = (tmp_path / "job" / "log.txt").read_text()
+    assert log.count("ignores SIGTERM from pid") == 4 and "killed by signal" not in log  # 2 train + 2 val workers
+    manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
+    assert manifest is not None and manifest.global_step == 7
+    _attempt(job, 100, expect="finish")
+    resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
+    expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
+    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())

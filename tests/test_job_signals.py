@@ -1,0 +1,86 @@
+"""DataLoader workers under ``ShieldFromJobSignals`` survive a SIGTERM sent from outside (SLURM signals every process
+of a job step) and still end when their loader's own process terminates them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_scale.data import ShieldFromJobSignals, shield_workers
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _loader(worker_init_fn, context: str = "fork") -> StatefulDataLoader:
+    return StatefulDataLoader(
+        range(64), batch_size=2, num_workers=2, worker_init_fn=worker_init_fn, multiprocessing_context=context
+    )
+
+
+def _signal_from_another_process(pids: list[int], name: str = "SIGTERM") -> None:
+    kill = f"import os, signal; [os.kill(p, signal.{name}) for p in {pids!r}]"
+    subprocess.run([sys.executable, "-c", kill], check=True)
+
+
+def test_shielded_workers_survive_job_signals_from_outside_and_the_loader_goes_on(capfd):
+    iterator = iter(_loader(ShieldFromJobSignals()))
+    batches = [next(iterator).tolist() for _ in range(2)]  # one from each worker: both shielded by now
+    workers = list(iterator._workers)
+    _signal_from_another_process([w.pid for w in workers], "SIGTERM")
+    _signal_from_another_process([w.pid for w in workers], "SIGUSR1")
+    time.sleep(0.5)
+    assert all(w.is_alive() for w in workers)
+    batches += [batch.tolist() for batch in iterator]
+    assert batches == [[i, i + 1] for i in range(0, 64, 2)]
+    err = capfd.readouterr().err
+    assert err.count("ignores SIGTERM from pid") == 2 and err.count("ignores SIGUSR1 from pid") == 2
+    assert "can still receive" not in err
+
+
+def test_a_worker_with_threads_the_shield_cannot_cover_says_so(capfd):
+    loader = StatefulDataLoader(
+        range(4), num_workers=1, worker_init_fn=ShieldFromJobSignals(), multiprocessing_context="spawn"
+    )
+    assert list(loader) == [0, 1, 2, 3]
+    assert "thread(s) started before worker_init_fn can still receive SIGTERM, SIGUSR1" in capfd.readouterr().err
+
+
+def test_without_the_shield_a_sigterm_from_outside_kills_the_workers_and_fails_the_loader():
+    iterator = iter(_loader(None))
+    next(iterator)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid \d+\) is killed by signal: Terminated"):
+        _signal_from_another_process([w.pid for w in iterator._workers])
+        for _ in iterator:  # torch's SIGCHLD handler raises here, wherever the main process is
+            time.sleep(0.05)
+    iterator._shutdown_workers()
+
+
+def test_the_loaders_own_process_still_terminates_a_shielded_worker():
+    iterator = iter(_loader(ShieldFromJobSignals()))
+    next(iterator)
+    worker = iterator._workers[0]
+    worker.terminate()  # what the loader does to a worker that does not stop when asked
+    worker.join(timeout=10)
+    assert worker.exitcode == 0
+    iterator._shutdown_workers()
+
+
+def test_shield_workers_wraps_the_loaders_own_worker_init_fn_once_and_skips_loaders_without_workers():
+    def init(worker_id: int) -> None:
+        pass
+
+    loader = _loader(init)
+    assert shield_workers(loader, ("SIGTERM",)) and not shield_workers(loader, ("SIGTERM",))
+    assert loader.worker_init_fn.worker_init_fn is init and loader.worker_init_fn.signals == ("SIGTERM",)
+    assert not shield_workers(StatefulDataLoader(range(4), num_workers=0), ("SIGTERM",))
+
+
+def test_signal_names_are_checked_when_the_shield_is_made():
+    with pytest.raises(ValueError, match=r"signals=\['SIGTREM'\]: unknown.*SIGTERM"):
+        ShieldFromJobSignals(signals=("SIGTREM",))
+    with pytest.raises(ValueError, match=r"signals=\['SIGKILL'\]: unknown"):
+        ShieldFromJobSignals(signals=("SIGKILL",))  # cannot be blocked
