@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+import multiprocessing
+import multiprocessing.context
 import os
 import signal
 import sys
@@ -26,10 +30,11 @@ class ShieldFromJobSignals:
     goes on until its loader stops it. :class:`~lightning_scale.callbacks.SpotPreemption` shields the workers of
     every dataloader of the fit with the signals it listens to.
 
-    A blocked signal stays blocked in the threads started after it; threads that a worker started earlier are not
-    covered. Workers started with ``fork``, or with ``forkserver`` after
-    ``multiprocessing.set_forkserver_preload(["torch"])``, have none; a worker that imports torch itself (``spawn``)
-    has one and says so on stderr.
+    Threads that a worker started before ``worker_init_fn`` are not covered by the function alone (at-fork hooks of
+    other libraries start some; importing torch in a ``spawn`` worker starts one): use :func:`shield_workers`, which
+    also starts ``fork`` and ``spawn`` workers with the signals already blocked. ``forkserver`` workers are covered
+    when the server has torch preloaded (``multiprocessing.set_forkserver_preload(["torch"])``). A worker left with
+    exposed threads says so on stderr.
 
     Args:
         worker_init_fn: The loader's own ``worker_init_fn``, called after the shield is up.
@@ -37,7 +42,9 @@ class ShieldFromJobSignals:
 
     Example:
         >>> from torchdata.stateful_dataloader import StatefulDataLoader
-        >>> loader = StatefulDataLoader(range(8), num_workers=2, worker_init_fn=ShieldFromJobSignals())
+        >>> loader = StatefulDataLoader(range(8), num_workers=2)
+        >>> shield_workers(loader, ("SIGTERM", "SIGUSR1"))
+        True
     """
 
     def __init__(
@@ -56,9 +63,8 @@ class ShieldFromJobSignals:
         if exposed:
             print(
                 f"DataLoader worker {os.getpid()}: {exposed} thread(s) started before worker_init_fn can still "
-                f"receive {', '.join(self.signals)} and die of it (the worker imported torch itself: 'spawn', or "
-                "'forkserver' without torch preloaded). Start workers with 'fork', or with 'forkserver' after "
-                "multiprocessing.set_forkserver_preload(['torch']).",
+                f"receive {', '.join(self.signals)} and die of it. Shield the loader with "
+                "lightning_scale.data.shield_workers (fork or spawn workers), or preload torch in the forkserver.",
                 file=sys.stderr,
                 flush=True,
             )
@@ -94,10 +100,54 @@ def _threads_not_blocking(signums: set[signal.Signals], besides: int | None) -> 
     return exposed
 
 
+class _StartWithSignalsBlocked:
+    """``start()`` with ``shield_signums`` blocked in the starting thread, so that the child starts with them blocked
+    (a forked child inherits the mask, and an exec-ed one keeps it): every thread it starts inherits it too, even
+    those started before ``worker_init_fn`` (by at-fork hooks, or by importing torch)."""
+
+    shield_signums: frozenset[signal.Signals] = frozenset()
+
+    def start(self) -> None:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, self.shield_signums)
+        try:
+            super().start()  # type: ignore[misc]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class _ForkProcess(_StartWithSignalsBlocked, multiprocessing.context.ForkProcess):
+    pass
+
+
+class _SpawnProcess(_StartWithSignalsBlocked, multiprocessing.context.SpawnProcess):
+    pass
+
+
+_BLOCKING_PROCESSES = {"fork": _ForkProcess, "spawn": _SpawnProcess}  # a forkserver's children inherit its mask
+
+
 def shield_workers(loader: Any, signals: Sequence[str]) -> bool:
-    """Put a :class:`ShieldFromJobSignals` for ``signals`` around ``loader``'s ``worker_init_fn`` if it has worker
-    processes and none yet; return whether it did. Workers started before keep what they started with."""
+    """Shield ``loader``'s worker processes from ``signals``: a :class:`ShieldFromJobSignals` around its
+    ``worker_init_fn``, and, with ``fork`` or ``spawn``, workers that start with the signals already blocked (so that
+    no thread of theirs is exposed). Does nothing to a loader without workers or already shielded; returns whether
+    it did something. Call it before the loader's iterator starts its workers."""
     if getattr(loader, "num_workers", 0) == 0 or isinstance(loader.worker_init_fn, ShieldFromJobSignals):
         return False
-    loader.worker_init_fn = ShieldFromJobSignals(loader.worker_init_fn, signals)
+    shield = ShieldFromJobSignals(loader.worker_init_fn, signals)
+    context = loader.multiprocessing_context or multiprocessing.get_context()
+    blocking = _BLOCKING_PROCESSES.get(context.get_start_method())
+    if blocking is not None:
+        signums = frozenset(signal.Signals[name] for name in shield.signals)
+        shielded = copy.copy(context)
+        shielded.Process = functools.partial(_blocking_process, blocking, signums)  # type: ignore[method-assign]
+        loader.multiprocessing_context = shielded
+    loader.worker_init_fn = shield
     return True
+
+
+def _blocking_process(
+    cls: type[_StartWithSignalsBlocked], signums: frozenset[signal.Signals], *args: Any, **kwargs: Any
+) -> _StartWithSignalsBlocked:
+    process = cls(*args, **kwargs)
+    process.shield_signums = signums
+    return process
