@@ -152,5 +152,5 @@ def main(argv: list[str] | None = None) -> None:
         return
     if os.getcwd() not in sys.path:  # class paths in the current directory, as `python -m` finds them
         sys.path.insert(0, os.getcwd())
-    ScaleCLI(args=argv if explicit else None)
+    ScaleCLI(args=argv if explicit else None)  # not kept: its trainer is garbage once the command finished
     distributed.destroy_process_group()  # a gloo group alive at interpreter exit can abort a finished job (exit -6)

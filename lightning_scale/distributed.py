@@ -7,6 +7,7 @@ if this rank were alone. Cross-rank decisions are named votes: :func:`any_rank` 
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -198,13 +199,17 @@ def destroy_group(group: Any) -> None:
 
 
 def destroy_process_group() -> None:
-    """Tear down the default process group, if any, before the process exits.
+    """Tear down every process group, if any, and collect the garbage that still refers to them, before the process
+    exits; call it once the trainer is out of scope.
 
-    A gloo group still alive at interpreter shutdown can abort the process ("terminate called without an active
-    exception"), turning a finished job into exit code -6 for its launcher.
+    A gloo group, or its pending work holding tensors, destroyed during interpreter shutdown can abort the process
+    ("terminate called without an active exception"), turning a finished job into exit code -6 for its launcher.
+    Lightning's trainer, strategy and callbacks refer to each other, so only the cycle collector frees them (and the
+    device meshes, pipeline stages and work they hold): run here, it frees them while the interpreter is whole.
     """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()
 
 
 def _failure(err: Exception) -> str:

@@ -21,7 +21,12 @@ def run_json_job(module: str, out: Path, config: dict, devices: int, expect_fail
     runner = ["-m", module, str(out / "config.json")]
     if devices > 1:
         runner = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}", *runner]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",
+    }  # a crash shows where
     done = subprocess.run([sys.executable, *runner], env=env, capture_output=True, text=True, timeout=240)
     if expect_failure:
         assert done.returncode != 0

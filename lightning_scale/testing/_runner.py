@@ -280,8 +280,8 @@ def main(config_path: str) -> None:
         (out_dir / f"cost_rank{trainer.global_rank}.json").write_text(json.dumps(report))
     if isinstance(trainer.logger, WandbLogger) and trainer.is_global_zero:
         trainer.logger.experiment.finish()  # Lightning never finishes the run; the run file is complete only then
-    distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    distributed.destroy_process_group()  # with the trainer out of scope

@@ -95,8 +95,8 @@ def main(config_path: str) -> None:
         result = {"losses": record.losses, "allreduce_calls": record.allreduce_calls, "memory": memory,
                   "restored_state_sum": record.restored_state_sum}  # fmt: skip
         (out / "result.json").write_text(json.dumps(result))
-    distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    distributed.destroy_process_group()  # with the trainer out of scope

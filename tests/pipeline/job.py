@@ -99,8 +99,8 @@ def main(config_path: str) -> None:
     if trainer.global_rank == 0:
         torch.save(weights, out / "weights.pt")
         (out / "result.json").write_text(json.dumps({"train": losses.train, "metrics": metrics}))
-    distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    distributed.destroy_process_group()  # with the trainer out of scope
