@@ -1,6 +1,6 @@
 """The one place where lightning-scale touches private parts of Lightning.
 
-Lightning 2.6 offers no public hook for ten things lightning-scale needs; each is wrapped here, and
+Lightning 2.6 offers no public hook for eleven things lightning-scale needs; each is wrapped here, and
 ``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
 
 1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
@@ -23,7 +23,9 @@ Lightning 2.6 offers no public hook for ten things lightning-scale needs; each i
    hook, before the checkpoint with the run's id is loaded), and offers no public way to open another one;
 10. changing every dataloader of a fit before its iterator starts worker processes (a validation loader's workers
     start inside the validation loop, with no callback hook between the loader's creation and ``iter()``): done in
-    the strategy's ``process_dataloader``, which Lightning calls for each loader right after creating it.
+    the strategy's ``process_dataloader``, which Lightning calls for each loader right after creating it;
+11. the user's sampler inside the ``DistributedSamplerWrapper`` Lightning puts around it under DDP (to draw its
+    shuffled order from the seed and the epoch, so that a resumed epoch repeats it).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.fabric.utilities.data import _auto_add_worker_init_fn, sized_len
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
@@ -55,15 +56,16 @@ __all__ = [
     "reopen_wandb_run",
     "restore_from_when_unset",
     "restore_training_state",
+    "sampler_in_lightning_wrapper",
     "shut_down_dataloader_workers",
     "track_loader_states_when_fetching_ahead",
     "train_loaders",
     "trainer_logs_this_step",
-    "unrepeatable_shuffle",
     "writes_sharded_checkpoints",
 ]
 
 CHECKPOINT_FIT_LOOP_KEYS = ("loops", "fit_loop", "state_dict")
+_LOADER_CHAIN = "_lightning_scale_loader_chain"  # on the strategy instance: see process_dataloaders_with
 
 
 def restore_from_when_unset(trainer: pl.Trainer, choose: Callable[[], str | None]) -> None:
@@ -131,15 +133,13 @@ def drop_lightning_loader_state(checkpoint: dict[str, Any]) -> None:
         node.pop("combined_loader", None)
 
 
-def unrepeatable_shuffle(loader: Any) -> bool:
-    """Whether Lightning wrapped the loader's random sampler in its stateless ``DistributedSamplerWrapper``."""
+def sampler_in_lightning_wrapper(sampler: Any) -> Any:
+    """The user's sampler inside Lightning's ``DistributedSamplerWrapper`` (``None`` for any other sampler)."""
     from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 
-    sampler = getattr(loader, "sampler", None)
     if not isinstance(sampler, DistributedSamplerWrapper):
-        return False
-    inner = getattr(sampler.dataset, "_sampler", None)
-    return isinstance(getattr(inner, "generator", None), torch.Generator) or "Random" in type(inner).__name__
+        return None
+    return sampler.dataset._sampler
 
 
 class _StateTrackingCombinedLoader(CombinedLoader):
@@ -188,20 +188,36 @@ def consumed_loader_states(trainer: pl.Trainer) -> list[Any]:
     return history[-1 - ahead]
 
 
-def process_dataloaders_with(trainer: pl.Trainer, fn: Callable[[Any], None]) -> Callable[[], None]:
-    """Call ``fn(loader)`` on every dataloader Lightning prepares from now on (train, validation, test, predict, and
-    reloads), after its own preparation and before ``iter()``; return the function that undoes it."""
+def process_dataloaders_with(trainer: pl.Trainer, fn: Callable[[Any], Any], order: int = 0) -> Callable[[], None]:
+    """Pass every dataloader Lightning prepares from now on (train, validation, test, predict, and reloads) through
+    ``fn``, after Lightning's own preparation and before ``iter()``; ``fn`` returns the loader to use (the one it got,
+    changed or not, or a new one). Several functions run in ascending ``order``. Returns the function that undoes
+    this one."""
     strategy = trainer.strategy
-    original = strategy.process_dataloader
+    chain: list[tuple[int, Callable[[Any], Any]]] | None = vars(strategy).get(_LOADER_CHAIN)
+    if chain is None:
+        chain = vars(strategy)[_LOADER_CHAIN] = []
+        original = strategy.process_dataloader
 
-    def process_dataloader(dataloader: Any) -> Any:
-        dataloader = original(dataloader)
-        _auto_add_worker_init_fn(dataloader, trainer.global_rank)  # Lightning's next step: it skips a set function
-        fn(dataloader)
-        return dataloader
+        def process_dataloader(dataloader: Any) -> Any:
+            dataloader = original(dataloader)
+            _auto_add_worker_init_fn(dataloader, trainer.global_rank)  # Lightning's next step: it skips a set function
+            for _, step in sorted(chain, key=lambda entry: entry[0]):
+                dataloader = step(dataloader)
+            return dataloader
 
-    strategy.process_dataloader = process_dataloader  # type: ignore[method-assign]
-    return lambda: vars(strategy).pop("process_dataloader", None)
+        strategy.process_dataloader = process_dataloader  # type: ignore[method-assign]
+    entry = (order, fn)
+    chain.append(entry)
+
+    def undo() -> None:
+        if entry in chain:
+            chain.remove(entry)
+        if not chain:
+            vars(strategy).pop("process_dataloader", None)
+            vars(strategy).pop(_LOADER_CHAIN, None)
+
+    return undo
 
 
 def shut_down_dataloader_workers(trainer: pl.Trainer) -> None:

@@ -16,6 +16,7 @@ __all__ = [
     "STORAGE_CALL_TIMEOUT_S",
     "STORAGE_MIN_UPLOAD_BYTES_PER_S",
     "UPLOAD_PART_BYTES",
+    "WORKER_START_TIMEOUT_S",
 ]
 
 
@@ -63,3 +64,7 @@ as parts, concurrently, and a failed part is re-sent alone."""
 
 PROGRESS_EVERY_S = _float("PROGRESS_EVERY_S", 10.0)
 """Shortest time between two writes of the progress marker that tells a restarted job how many steps it lost."""
+
+WORKER_START_TIMEOUT_S = _float("WORKER_START_TIMEOUT_S", 600.0)
+"""Default bound for a training loader's workers to deliver the first batch of an epoch before the rank reports them
+stuck and exits (``DataStateCheckpoint(worker_start_timeout_s=...)``)."""

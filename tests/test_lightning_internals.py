@@ -132,8 +132,9 @@ class SeesLoaders(Callback):
         self.seen: list[tuple[object, object, object]] = []
 
     def setup(self, trainer, pl_module, stage):
-        def record(loader) -> None:
+        def record(loader):
             self.seen.append((loader, loader._iterator, loader.worker_init_fn))
+            return loader
 
         self.undo = internals.process_dataloaders_with(trainer, record)
 
@@ -155,3 +156,26 @@ def test_process_dataloaders_with_sees_each_loader_before_its_iterator_after_lig
     assert all(iterator is None for _, iterator, _ in hook.seen)
     assert all(getattr(init, "func", None) is pl_worker_init_function for _, _, init in hook.seen)
     assert "process_dataloader" not in vars(trainer.strategy)  # undone
+
+
+def test_sampler_in_lightning_wrapper_finds_the_users_sampler():
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from torch.utils.data import RandomSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = list(range(8))
+    inner = RandomSampler(data)
+    assert internals.sampler_in_lightning_wrapper(DistributedSamplerWrapper(inner, num_replicas=2, rank=0)) is inner
+    assert internals.sampler_in_lightning_wrapper(DistributedSampler(data, num_replicas=2, rank=0)) is None
+    assert internals.sampler_in_lightning_wrapper(inner) is None
+
+
+def test_process_dataloaders_with_chains_in_order_and_each_undo_removes_only_its_own(tiny_trainer_kwargs):
+    trainer = Trainer(**tiny_trainer_kwargs)
+    undo_late = internals.process_dataloaders_with(trainer, lambda loader: [*loader, "late"], order=1)
+    undo_early = internals.process_dataloaders_with(trainer, lambda loader: [*loader, "early"])
+    assert trainer.strategy.process_dataloader([]) == ["early", "late"]
+    undo_early()
+    assert trainer.strategy.process_dataloader([]) == ["late"]
+    undo_late()
+    assert "process_dataloader" not in vars(trainer.strategy)

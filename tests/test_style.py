@@ -48,7 +48,7 @@ def test_only_distributed_module_imports_torch_distributed(path):
     assert imported <= allowed, imported - allowed
 
 
-@pytest.mark.parametrize("package", ["checkpoint", "cost", "data_parallel", "model_parallel", "pipeline"])
+@pytest.mark.parametrize("package", ["checkpoint", "cost", "data", "data_parallel", "model_parallel", "pipeline"])
 def test_pure_logic_packages_do_not_import_lightning(package):
     for path in (PACKAGE / package).rglob("*.py"):
         assert not {name.split(".")[0] for name in imports_of(path)} & {"lightning", "pytorch_lightning"}, path

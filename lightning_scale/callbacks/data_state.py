@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,18 +13,21 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_scale import distributed
+from lightning_scale import distributed, knobs
 from lightning_scale._lightning_internals import (
     before_train_iterator,
     consumed_batches_in_epoch,
     consumed_loader_states,
     drop_lightning_loader_state,
     is_last_batch_of_epoch,
+    process_dataloaders_with,
+    sampler_in_lightning_wrapper,
     track_loader_states_when_fetching_ahead,
     train_loaders,
-    unrepeatable_shuffle,
 )
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.data.resumable_loader import make_resumable, run_seed
+from lightning_scale.data.worker_start import WorkerStartWatchdog
 from lightning_scale.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["DataStateCheckpoint"]
@@ -49,34 +54,71 @@ class DataStateCheckpoint(Callback):
     A checkpoint written by a different number of processes resumes at an epoch boundary (the next epoch is split
     for the new world size) and is refused mid-epoch, since it would replay or skip samples.
 
-    For augmentation drawn inside ``__getitem__`` with ``num_workers > 0``, wrap the dataset in
-    :class:`~lightning_scale.data.WorkerRNGDataset`. Give each ``DataLoader`` its own ``generator`` so that
-    starting an iterator (including a validation one) does not draw from the global RNG. ``ResumableCheckpoint``
-    adds this callback when the Trainer has none; it also works beside Lightning's plain ``ModelCheckpoint``.
+    The training loaders are made resumable as users write them (``make_loaders_resumable``, see
+    :func:`~lightning_scale.data.resumable_loader.make_resumable`): torch's ``DataLoader`` becomes a
+    ``StatefulDataLoader`` with the same arguments; ``shuffle=True``, a ``RandomSampler`` (also inside Lightning's
+    ``DistributedSamplerWrapper``) draw each epoch's order from (seed, epoch), the seed being the loader's
+    ``generator``'s or ``seed_everything``'s; workers' RNG states are checkpointed; in a distributed run, workers
+    start from a forkserver when no ``multiprocessing_context`` was chosen. What still cannot resume exactly (an
+    ``IterableDataset`` or a sampler without state, an iterable that is no ``DataLoader``) is named in a warning at
+    the start of every fit; with ``strict=True`` it is refused before the first step. Training loaders whose workers
+    deliver no batch within ``worker_start_timeout_s`` of starting are reported with every stack, and the process
+    exits with ``STUCK_WORKERS_EXIT_CODE`` (124) so that the job is restarted.
+
+    ``ResumableCheckpoint`` adds this callback when the Trainer has none; it also works beside Lightning's plain
+    ``ModelCheckpoint``.
+
+    Args:
+        make_loaders_resumable: Rebuild and reseed training loaders as described above; ``False`` leaves them as
+            given (for pipelines that manage their own state).
+        strict: Refuse to train, before the first step, when a training loader cannot resume exactly.
+        worker_start_timeout_s: Seconds a training loader's workers may take to deliver their first batch of an
+            epoch (``LIGHTNING_SCALE_WORKER_START_TIMEOUT_S`` sets the default).
 
     Example:
         >>> from lightning.pytorch import Trainer
         >>> trainer = Trainer(callbacks=[DataStateCheckpoint()], logger=False, enable_progress_bar=False)
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        make_loaders_resumable: bool = True,
+        strict: bool = False,
+        worker_start_timeout_s: float = knobs.WORKER_START_TIMEOUT_S,
+    ) -> None:
+        if worker_start_timeout_s <= 0:
+            raise ValueError(
+                f"worker_start_timeout_s={worker_start_timeout_s} must be > 0 (seconds for a training loader's "
+                "workers to deliver their first batch)."
+            )
+        self.make_loaders_resumable = make_loaders_resumable
+        self.strict = strict
+        self.worker_start_timeout_s = worker_start_timeout_s
         self._trainer: pl.Trainer | None = None
         self._pending: dict[str, Any] | None = None
-        self._checked_loaders = False
+        self._problems: list[str] = []
+        self._undo_loaders: Callable[[], None] | None = None
+        self._watchdog: WorkerStartWatchdog | None = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._trainer = trainer
-            self._checked_loaders = False
+            self._problems = []
             before_train_iterator(trainer, self._before_train_iterator)
+            self._undo_loaders = process_dataloaders_with(trainer, self._process_loader)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = None
         self._pending = None
+        if self._undo_loaders is not None:
+            self._undo_loaders()
+            self._undo_loaders = None
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
 
-    @override
     def state_dict(self) -> dict[str, Any]:
         if self._trainer is None:
             return {}
@@ -135,10 +177,42 @@ class DataStateCheckpoint(Callback):
             "rng": capture_rng_state(),
         }
 
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._watch_worker_start(trainer, train_loaders(trainer))
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._watchdog is not None:
+            self._watchdog.disarm()
+
+    def _process_loader(self, loader: Any) -> Any:
+        trainer = self._trainer
+        if trainer is None or not trainer.training or not self.make_loaders_resumable:
+            return loader  # only training loaders have a position to resume
+        name = f"training dataloader #{len(self._problems)} ({type(loader).__name__})"
+        result = make_resumable(
+            loader,
+            seed=run_seed(loader, _seed_everything_seed()),
+            world_size=trainer.world_size,
+            name=name,
+            inner_sampler=sampler_in_lightning_wrapper,
+        )
+        self._problems.append("\n".join(result.problems))
+        return result.loader
+
     def _before_train_iterator(self, loaders: list[Any]) -> None:
-        if not self._checked_loaders:
-            self._checked_loaders = True
-            _check_loaders(loaders)
+        problems = [problem for problem in self._problems if problem]
+        self._problems = []
+        if problems and self.strict:
+            raise ValueError(
+                "The training data cannot resume exactly (DataStateCheckpoint(strict=True), "
+                "ResumableCheckpoint(strict_resume=True)):\n- " + "\n- ".join(problems)
+            )
+        for problem in problems:
+            rank_zero_warn(problem)
         if self._trainer is not None:
             track_loader_states_when_fetching_ahead(self._trainer)
         pending = self._pending
@@ -158,6 +232,15 @@ class DataStateCheckpoint(Callback):
                 _restore_loader(loader, saved[index], end_of_epoch)
         if end_of_epoch and pending["rng"] is not None:
             restore_rng_state(pending["rng"])
+        if self._trainer is not None:
+            self._watch_worker_start(self._trainer, loaders)  # the iterator, and its workers, start right after this
+
+    def _watch_worker_start(self, trainer: pl.Trainer, loaders: list[Any]) -> None:
+        if not any(getattr(loader, "num_workers", 0) > 0 for loader in loaders):
+            return
+        if self._watchdog is None:
+            self._watchdog = WorkerStartWatchdog(self.worker_start_timeout_s)
+        self._watchdog.arm(f"rank {trainer.global_rank}, training dataloader(s) of epoch {trainer.current_epoch}")
 
 
 def _is_stateful(loader: Any) -> bool:
@@ -212,23 +295,6 @@ def _set_sampler_epoch(loader: Any, epoch: int) -> None:
             sampler.set_epoch(epoch)
 
 
-def _check_loaders(loaders: list[Any]) -> None:
-    for index, loader in enumerate(loaders):
-        name = f"training dataloader #{index} ({type(loader).__name__})"
-        if unrepeatable_shuffle(loader):
-            raise ValueError(
-                f"{name} shuffles through Lightning's DistributedSamplerWrapper, which draws a new order on every "
-                "resume. Pass sampler=torchdata.stateful_dataloader.sampler.StatefulDistributedSampler(dataset, "
-                "shuffle=True, seed=...) to the StatefulDataLoader instead of shuffle=True."
-            )
-        if not _is_stateful(loader):
-            rank_zero_warn(
-                f"{name} has no state_dict(): a resume in the middle of an epoch restarts that epoch from its first "
-                "batch. Use torchdata.stateful_dataloader.StatefulDataLoader for an exact resume."
-            )
-        elif getattr(loader, "num_workers", 0) > 0 and not _is_stateful(getattr(loader, "dataset", None)):
-            rank_zero_warn(
-                f"{name} uses num_workers={loader.num_workers} and its dataset has no state_dict(): random "
-                "augmentation inside the workers will differ after a resume. Wrap the dataset in "
-                "lightning_scale.data.WorkerRNGDataset to checkpoint the workers' RNG."
-            )
+def _seed_everything_seed() -> int | None:
+    seed = os.environ.get("PL_GLOBAL_SEED")  # set by lightning's seed_everything
+    return None if seed is None else int(seed)

@@ -105,7 +105,10 @@ class ResumableCheckpoint(ModelCheckpoint):
         save_top_k: With ``monitor`` set, keep this many best checkpoints.
         save_last: Also maintain ``last.ckpt`` (``True``, or ``"link"`` for a symlink), as in ``ModelCheckpoint``.
         auto_resume: Resume from the newest valid checkpoint in ``dirpath`` when ``fit`` gets no ``ckpt_path``.
-        data_state: Add a :class:`DataStateCheckpoint` to the Trainer when it has none.
+        data_state: Add a :class:`DataStateCheckpoint` to the Trainer when it has none (it makes the training
+            loaders resume exactly; add your own ``DataStateCheckpoint(make_loaders_resumable=False)`` to opt out).
+        strict_resume: Refuse to train, before the first step, when the training data cannot resume exactly (the
+            ``DataStateCheckpoint`` of the Trainer becomes ``strict``); by default that is a warning.
         wandb_resume: Add a :class:`WandbResume` to a Trainer with a ``WandbLogger`` when it has none, so a restarted
             job continues the same W&B run.
         verbose: Log each save, as in ``ModelCheckpoint``.
@@ -136,6 +139,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         save_last: bool | Literal["link"] | None = None,
         auto_resume: bool = True,
         data_state: bool = True,
+        strict_resume: bool = False,
         wandb_resume: bool = True,
         verbose: bool = False,
     ) -> None:
@@ -185,6 +189,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.keep_last_k = keep_last_k
         self.auto_resume = auto_resume
         self.data_state = data_state
+        self.strict_resume = strict_resume
         self.wandb_resume = wandb_resume
         self._run_id: str | None = None
         self._generation = 0
@@ -257,8 +262,12 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._run_id = distributed.broadcast_object(uuid.uuid4().hex)
         self._generation, self._resumed_at = 0, None
         self._progress, self._progress_from = ProgressMarker(self.store), None
-        if self.data_state and not any(isinstance(cb, DataStateCheckpoint) for cb in trainer.callbacks):
-            trainer.callbacks.append(DataStateCheckpoint())  # Lightning's setup loop reaches it next
+        data_states = [cb for cb in trainer.callbacks if isinstance(cb, DataStateCheckpoint)]
+        if self.data_state and not data_states:
+            data_states = [DataStateCheckpoint()]
+            trainer.callbacks.append(data_states[0])  # Lightning's setup loop reaches it next
+        for data_state in data_states if self.strict_resume else []:
+            data_state.strict = True
         wandb = any(isinstance(logger, WandbLogger) for logger in trainer.loggers)
         if self.wandb_resume and wandb and not any(isinstance(cb, WandbResume) for cb in trainer.callbacks):
             trainer.callbacks.append(WandbResume())

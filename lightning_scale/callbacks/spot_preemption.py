@@ -104,7 +104,7 @@ class SpotPreemption(Callback):
             {name for source in self.sources if isinstance(source, SignalNotice) for name in source.signals}
         )
         if signals:  # SLURM signals every process of the job: DataLoader workers must outlive it until the save
-            self._unshield = process_dataloaders_with(trainer, lambda loader: shield_workers(loader, signals))
+            self._unshield = process_dataloaders_with(trainer, lambda loader: _shielded(loader, signals), order=1)
         # Pollers from now on. Signal handlers only once Lightning installed its own (below): installed earlier, they
         # would become the "original" handlers that Lightning puts back after fit.
         for source in self.sources:
@@ -284,3 +284,8 @@ class SpotPreemption(Callback):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(self.exit_code)
+
+
+def _shielded(loader: Any, signals: Sequence[str]) -> Any:
+    shield_workers(loader, signals)
+    return loader

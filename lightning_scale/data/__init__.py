@@ -1,6 +1,19 @@
-"""Data helpers: exact resumption and preemptible DataLoader workers."""
+"""Data helpers: exact resumption of the loaders users write, and DataLoader workers that start and stop safely."""
 
 from lightning_scale.data.job_signals import ShieldFromJobSignals, shield_workers
-from lightning_scale.data.worker_rng_dataset import WorkerRNGDataset
+from lightning_scale.data.resumable_loader import EpochSeededSampler, ResumableLoader, make_resumable
+from lightning_scale.data.worker_rng_dataset import WorkerRNGDataset, WorkerRNGIterableDataset
+from lightning_scale.data.worker_start import STUCK_WORKERS_EXIT_CODE, WorkerStartWatchdog, safe_worker_context
 
-__all__ = ["ShieldFromJobSignals", "WorkerRNGDataset", "shield_workers"]
+__all__ = [
+    "STUCK_WORKERS_EXIT_CODE",
+    "EpochSeededSampler",
+    "ResumableLoader",
+    "ShieldFromJobSignals",
+    "WorkerRNGDataset",
+    "WorkerRNGIterableDataset",
+    "WorkerStartWatchdog",
+    "make_resumable",
+    "safe_worker_context",
+    "shield_workers",
+]

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
-from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
-from lightning_scale.callbacks.data_state import _check_loaders
 
 
 def rank_state(end_of_epoch: bool) -> dict:
@@ -47,24 +44,6 @@ def test_end_of_epoch_checkpoint_from_another_world_size_resumes_with_a_warning(
 def test_unknown_state_version_is_refused():
     with pytest.raises(ValueError, match=r"version 99.*reads version 1"):
         fitting(DataStateCheckpoint()).load_state_dict({"version": 99, "world_size": 1})
-
-
-def test_lightning_shuffle_wrapper_is_refused_with_the_fix():
-    data = list(range(16))
-    loader = StatefulDataLoader(data, sampler=DistributedSamplerWrapper(RandomSampler(data), num_replicas=2, rank=0))
-    with pytest.raises(ValueError, match=r"DistributedSamplerWrapper.*StatefulDistributedSampler"):
-        _check_loaders([loader])
-
-
-def test_plain_dataloader_gets_a_warning_naming_statefuldataloader():
-    with pytest.warns(UserWarning, match=r"no state_dict\(\).*StatefulDataLoader"):
-        _check_loaders([DataLoader(list(range(8)))])
-
-
-def test_workers_without_worker_rng_get_a_warning():
-    loader = StatefulDataLoader(list(range(8)), num_workers=2)
-    with pytest.warns(UserWarning, match=r"num_workers=2.*WorkerRNGDataset"):
-        _check_loaders([loader])
 
 
 def fit_with_model_checkpoint(dirpath, trainer_kwargs, max_steps, ckpt_path=None):
@@ -150,3 +129,90 @@ def test_loader_without_length_resumes_bitwise_exactly(tmp_path, tiny_trainer_kw
     assert first_ids + resumed_ids == reference_ids
     for (name, a), (_, b) in zip(reference.state_dict().items(), resumed.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
+
+
+class StepCounter(Callback):
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.steps += 1
+
+
+class UnsupportedStream(IterableDataset):
+    def __iter__(self):
+        for index in range(16):
+            yield {"x": torch.randn(16), "y": torch.randn(1), "sample_id": index}
+
+
+def fit_on(
+    loader, tmp_path, tiny_trainer_kwargs, counter: StepCounter | None = None, **checkpoint_kwargs
+) -> StepCounter:
+    from tests.data.user_code import UserMLP
+
+    counter = counter or StepCounter()
+    checkpoint = ResumableCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, **checkpoint_kwargs)
+    trainer = Trainer(max_steps=3, callbacks=[counter, checkpoint], **tiny_trainer_kwargs)
+    trainer.fit(UserMLP(), train_dataloaders=loader)
+    return counter
+
+
+class OwnOrder(torch.utils.data.Sampler):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def batches_from_a_generator():
+    for index in range(8):
+        yield {"x": torch.randn(2, 16), "y": torch.randn(2, 1), "sample_id": torch.tensor([index, index])}
+
+
+UNSUPPORTED = {  # what cannot resume exactly, and the words that name it
+    "iterable-without-state": (
+        lambda: DataLoader(UnsupportedStream(), batch_size=4),
+        r"UnsupportedStream, which has no state_dict\(\)",
+    ),
+    "sampler-without-state": (
+        lambda: DataLoader(list(UnsupportedStream()), sampler=OwnOrder(16), batch_size=4),
+        r"OwnOrder, which has no state_dict\(\) and no set_epoch",
+    ),
+    "generator-stream": (batches_from_a_generator, r"is a generator, not a DataLoader, and has no state_dict\(\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSUPPORTED))
+def test_what_cannot_resume_exactly_is_named_at_the_start_of_the_first_run(case, tmp_path, tiny_trainer_kwargs):
+    make_loader, message = UNSUPPORTED[case]
+    with pytest.warns(UserWarning, match=message):
+        counter = fit_on(make_loader(), tmp_path, tiny_trainer_kwargs)
+    assert counter.steps == 3  # a warning, and training goes on
+
+
+@pytest.mark.parametrize("case", sorted(UNSUPPORTED))
+def test_strict_resume_refuses_to_train_before_the_first_step(case, tmp_path, tiny_trainer_kwargs):
+    make_loader, message = UNSUPPORTED[case]
+    counter = StepCounter()
+    with pytest.raises(ValueError, match=r"(?s)cannot resume exactly \(DataStateCheckpoint\(strict=True\).*" + message):
+        fit_on(make_loader(), tmp_path, tiny_trainer_kwargs, counter=counter, strict_resume=True)
+    assert counter.steps == 0
+
+
+def test_opting_out_leaves_the_users_loader_as_given(tmp_path, tiny_trainer_kwargs):
+    from tests.data.user_code import NoisyDataset, UserMLP
+
+    seen = []
+
+    class Sees(Callback):
+        def on_train_start(self, trainer, pl_module) -> None:
+            seen.append(trainer.train_dataloader)
+
+    loader = DataLoader(NoisyDataset(16), batch_size=4, shuffle=True)
+    callbacks = [Sees(), DataStateCheckpoint(make_loaders_resumable=False), ResumableCheckpoint(dirpath=tmp_path)]
+    Trainer(max_steps=2, callbacks=callbacks, **tiny_trainer_kwargs).fit(UserMLP(), train_dataloaders=loader)
+    assert type(seen[0]) is DataLoader

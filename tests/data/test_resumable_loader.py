@@ -1,0 +1,227 @@
+"""make_resumable: loaders as users write them become loaders that resume exactly, or say why they cannot."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+
+import numpy as np
+import pytest
+import torch
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, Sampler, WeightedRandomSampler
+from torch.utils.data.distributed import DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
+
+from lightning_scale._lightning_internals import sampler_in_lightning_wrapper
+from lightning_scale.data import WorkerRNGDataset, WorkerRNGIterableDataset
+from lightning_scale.data.resumable_loader import EpochSeededSampler, make_resumable, run_seed
+from tests.data.user_code import NoisyDataset
+
+
+def rebuilt(loader, world_size: int = 1, seed: int = 0):
+    return make_resumable(loader, seed=seed, world_size=world_size, inner_sampler=sampler_in_lightning_wrapper)
+
+
+def ids(batches) -> list[list[int]]:
+    return [batch["sample_id"].tolist() for batch in batches]
+
+
+def user_collate(items):
+    return torch.utils.data.default_collate(items)
+
+
+def user_worker_init(worker_id: int) -> None:
+    np.random.seed(torch.initial_seed() % 2**32)  # the usual recipe for NumPy in workers
+
+
+def test_torch_dataloader_becomes_a_statefuldataloader_with_the_same_arguments():
+    generator = torch.Generator().manual_seed(3)
+    loader = DataLoader(
+        NoisyDataset(),
+        batch_size=5,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=user_collate,
+        drop_last=True,
+        worker_init_fn=user_worker_init,
+        generator=generator,
+        persistent_workers=True,
+        prefetch_factor=3,
+        timeout=30,
+    )
+    result = rebuilt(loader)
+    new = result.loader
+    assert type(new) is StatefulDataLoader and result.problems == []
+    assert (new.batch_size, new.drop_last, new.num_workers, new.prefetch_factor, new.timeout) == (5, True, 2, 3, 30)
+    assert new.collate_fn is user_collate and new.worker_init_fn is user_worker_init and new.generator is generator
+    assert new.persistent_workers and new.multiprocessing_context is None  # one process: fork stays
+    assert isinstance(new.sampler, EpochSeededSampler) and isinstance(new.dataset, WorkerRNGDataset)
+    assert new.dataset.x is loader.dataset.x  # the user's dataset attributes stay reachable
+
+
+@pytest.mark.parametrize(
+    "make_sampler", [RandomSampler, StatefulRandomSampler, lambda d: WeightedRandomSampler([1.0] * len(d), len(d))]
+)
+def test_each_epochs_order_depends_only_on_seed_and_epoch(make_sampler):
+    def epoch_order(epoch: int, global_seed: int) -> list[list[int]]:
+        torch.manual_seed(global_seed)  # whatever ran before the resume drew from the global RNG differently
+        dataset = NoisyDataset(24)
+        loader = rebuilt(StatefulDataLoader(dataset, batch_size=4, sampler=make_sampler(dataset)), seed=7).loader
+        loader.sampler.set_epoch(epoch)
+        return ids(loader)
+
+    assert epoch_order(1, global_seed=0) == epoch_order(1, global_seed=123)
+    assert epoch_order(1, global_seed=0) != epoch_order(2, global_seed=0)
+
+
+def test_the_sampler_inside_lightnings_distributed_wrapper_is_epoch_seeded():
+    dataset = NoisyDataset(24)
+    wrapper = DistributedSamplerWrapper(StatefulRandomSampler(dataset), num_replicas=2, rank=1, seed=4)
+    new = rebuilt(StatefulDataLoader(dataset, batch_size=2, sampler=wrapper), world_size=2).loader.sampler
+    assert type(new) is DistributedSamplerWrapper and (new.num_replicas, new.rank, new.seed) == (2, 1, 4)
+    assert isinstance(sampler_in_lightning_wrapper(new), EpochSeededSampler)
+    new.set_epoch(3)
+    assert sampler_in_lightning_wrapper(new).epoch == 3  # the wrapper forwards the epoch
+
+
+def positions_after_resume(loader_factory, consumed: int = 3, compared: int = 5):
+    """Batches after ``consumed`` of an epoch, uninterrupted and from a new loader that loaded the state there."""
+    first = loader_factory()
+    first.sampler.set_epoch(1)
+    iterator = iter(first)
+    for _ in range(consumed):
+        next(iterator)
+    state = first.state_dict()
+    expected = [next(iterator) for _ in range(compared)]
+    del iterator, first
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)  # the resumed process's RNGs start elsewhere
+    second = loader_factory()
+    second.sampler.set_epoch(1)
+    second.load_state_dict(state)
+    iterator = iter(second)
+    return expected, [next(iterator) for _ in range(compared)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shuffled_torch_dataloader_with_augmentation_in_workers_resumes_mid_epoch_exactly(workers):
+    def factory():
+        loader = DataLoader(
+            NoisyDataset(), batch_size=4, shuffle=True, num_workers=workers, worker_init_fn=user_worker_init
+        )
+        return rebuilt(loader, seed=11).loader
+
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    expected, resumed = positions_after_resume(factory)
+    assert ids(expected) == ids(resumed)
+    if workers:  # the main process's RNG is DataStateCheckpoint's business; workers' states travel in the loader
+        assert all(torch.equal(a["x"], b["x"]) for a, b in zip(expected, resumed, strict=True))
+
+
+class Stream(IterableDataset):
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __iter__(self):
+        return iter(range(self.position, 40))
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+class PlainStream(IterableDataset):
+    def __iter__(self):
+        return iter(range(40))
+
+
+class OwnOrder(Sampler[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class MyLoader(DataLoader):
+    pass
+
+
+def test_an_iterable_dataset_with_state_gets_its_workers_rng_carried_beside_its_own_state():
+    new = rebuilt(DataLoader(Stream(), batch_size=4, num_workers=2)).loader
+    assert isinstance(new.dataset, WorkerRNGIterableDataset)
+    assert new.dataset.state_dict() == {"dataset": {"position": 0}}
+
+
+@pytest.mark.parametrize(
+    ("loader", "message"),
+    [
+        (DataLoader(PlainStream(), batch_size=4), r"IterableDataset PlainStream, which has no state_dict\(\).*Give it"),
+        (DataLoader(list(range(8)), sampler=OwnOrder(8)), r"OwnOrder, which has no state_dict\(\) and no set_epoch"),
+        (MyLoader(list(range(8))), r"MyLoader, a DataLoader subclass.*StatefulDataLoader instead"),
+        ((b for b in range(3)), r"is a generator, not a DataLoader.*state_dict"),
+    ],
+    ids=["iterable-without-state", "sampler-without-state", "dataloader-subclass", "generator"],
+)
+def test_what_cannot_resume_exactly_is_named_with_its_fix(loader, message):
+    result = rebuilt(loader)
+    assert len(result.problems) == 1
+    assert __import__("re").search(message, result.problems[0]), result.problems[0]
+
+
+def test_a_user_sampler_with_state_or_set_epoch_is_trusted_and_kept():
+    dataset = list(range(16))
+    sampler = DistributedSampler(dataset, num_replicas=2, rank=0, shuffle=True, seed=3)
+    result = rebuilt(DataLoader(dataset, sampler=sampler, batch_size=2))
+    assert result.problems == [] and result.loader.sampler is sampler
+
+
+def test_distributed_workers_start_from_a_forkserver_unless_the_user_chose_a_context():
+    automatic = rebuilt(DataLoader(NoisyDataset(), num_workers=2), world_size=2).loader
+    assert automatic.multiprocessing_context.get_start_method() == "forkserver"
+    chosen = rebuilt(DataLoader(NoisyDataset(), num_workers=2, multiprocessing_context="spawn"), world_size=2).loader
+    assert chosen.multiprocessing_context.get_start_method() == "spawn"
+    assert rebuilt(DataLoader(NoisyDataset(), num_workers=0), world_size=2).loader.multiprocessing_context is None
+
+
+class Lambdas(Dataset):
+    def __init__(self) -> None:
+        self.transform = lambda x: x  # fine with fork, not picklable
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return self.transform(index)
+
+
+def test_what_a_forkserver_cannot_take_keeps_fork_with_a_warning_naming_it():
+    with pytest.warns(UserWarning, match=r"start with fork.*cannot be pickled.*lambda"):
+        loader = rebuilt(DataLoader(Lambdas(), num_workers=2), world_size=2).loader
+    assert loader.multiprocessing_context is None
+    assert list(loader) == [torch.tensor([0]), torch.tensor([1]), torch.tensor([2]), torch.tensor([3])]
+
+
+def test_the_seed_is_the_loaders_generator_then_seed_everythings_then_zero():
+    dataset = list(range(8))
+    assert run_seed(DataLoader(dataset, generator=torch.Generator().manual_seed(5)), global_seed=1) == 5
+    assert (
+        run_seed(DataLoader(dataset, sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(6))), 1)
+        == 6
+    )
+    assert (
+        run_seed(StatefulDataLoader(dataset, shuffle=True), global_seed=1) == 1
+    )  # torchdata's own generator: not the user's
+    assert run_seed(DataLoader(dataset, shuffle=True), global_seed=None) == 0
+
+
+def test_forkserver_workers_really_start_and_deliver():
+    loader = rebuilt(DataLoader(NoisyDataset(16), batch_size=4, num_workers=2), world_size=2).loader
+    assert sorted(i for batch in ids(loader) for i in batch) == list(range(16))
+    assert multiprocessing.get_context("forkserver").get_start_method() == "forkserver"
