@@ -126,6 +126,16 @@ def cost_levers_rows(result: dict) -> list[Row]:
             for name, value in result["over_fp32"].items() if name != "fp32"]  # fmt: skip
 
 
+def data_loading_rows(result: dict) -> list[Row]:
+    rows = []
+    for entry in result["rows"]:
+        ratio = entry["ours_over_plain_throughput"]
+        label = f"data-loading throughput, resumable loader ({entry['workers']} workers) / plain DataLoader"
+        target = f"≥ {result['target']} (lower quartile {ratio['lower_quartile']:.3f})"
+        rows.append(row("data_loading", label, ratio["median"], _span(ratio), "x", target, entry["holds"]))
+    return rows
+
+
 BENCHMARKS: dict[str, Callable[[dict], list[Row]]] = {
     "data_parallel_step": data_parallel_rows,
     "callback_overhead": callback_overhead_rows,
@@ -135,6 +145,7 @@ BENCHMARKS: dict[str, Callable[[dict], list[Row]]] = {
     "resume_time": resume_rows,
     "checkpoint_cost": checkpoint_cost_rows,
     "cost_levers": cost_levers_rows,
+    "data_loading": data_loading_rows,
 }
 
 

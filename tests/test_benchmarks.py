@@ -33,7 +33,8 @@ def test_every_benchmark_runs_quick_and_the_summary_has_a_row_for_each(tmp_path)
     assert len(targets) >= 7 and all(isinstance(row["holds"], bool) for row in targets)
     measures = " ".join(row["measure"] for row in latest["summary"])
     for named in ("data_parallel / ddp", "every lightning-scale callback", "async / sync", "durable checkpoint",
-                  "raw torch pipelining", "model_parallel / ddp", "first training step"):  # fmt: skip
+                  "raw torch pipelining", "model_parallel / ddp", "first training step",
+                  "resumable loader"):  # fmt: skip
         assert named in measures, measures
     assert "lightning-scale benchmarks" in done.stdout
     assert len(markdown(latest["summary"]).splitlines()) == len(latest["summary"]) + 2

@@ -29,4 +29,19 @@ def test_restore_replays_every_generator_after_a_weights_only_round_trip():
 def test_states_differ_after_drawing():
     state = capture_rng_state()
     draw()
-    assert not torch.equal(capture_rng_state()["torch"], state["torch"])
+    assert capture_rng_state()["torch"] != state["torch"]
+
+
+def test_the_tensor_form_of_earlier_checkpoints_is_still_restored():
+    state = capture_rng_state()
+    expected = draw()
+    old = {
+        "python": {**state["python"], "state": torch.tensor(state["python"]["state"], dtype=torch.int64)},
+        "torch": torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8),
+        "numpy": {
+            **state["numpy"],
+            "keys": torch.from_numpy(np.frombuffer(state["numpy"]["keys"], np.uint32).astype(np.int64)),
+        },
+    }
+    restore_rng_state(old)
+    assert draw() == expected

@@ -197,6 +197,7 @@ class DataStateCheckpoint(Callback):
             loader,
             seed=run_seed(loader, _seed_everything_seed()),
             world_size=trainer.world_size,
+            rank=trainer.global_rank,
             name=name,
             inner_sampler=sampler_in_lightning_wrapper,
         )

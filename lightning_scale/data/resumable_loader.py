@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 _REBUILT_TYPES = (DataLoader, StatefulDataLoader)  # exact types only: a subclass may take other arguments
 _PLAIN_BATCH_SAMPLERS = (BatchSampler, StatefulBatchSampler)  # what DataLoader(batch_size=...) builds
+SNAPSHOT_EVERY_N_STEPS = 8
+"""How often a rebuilt torch ``DataLoader``'s workers send their state (RNG included) to the training process. A
+checkpoint between two snapshots resumes from the previous one and reads the batches since again (up to 7, exactly
+as the first time); snapshotting every batch cost about 5 % of data-loading throughput (benchmarks/data_loading.py)."""
 _SEED_MIX = 0x9E3779B97F4A7C15  # keeps (seed, epoch) streams apart from DistributedSampler's seed + epoch
 
 
@@ -92,6 +96,7 @@ def make_resumable(
     *,
     seed: int,
     world_size: int,
+    rank: int = 0,
     name: str = "training dataloader",
     inner_sampler: Callable[[Any], Any] = lambda sampler: None,
 ) -> ResumableLoader:
@@ -101,6 +106,9 @@ def make_resumable(
       ``StatefulDataLoader`` with the same arguments, so that their position is saved;
     - a random sampler (``shuffle=True``, ``RandomSampler`` and others drawing from a generator, also inside
       Lightning's ``DistributedSamplerWrapper``) gets an :class:`EpochSeededSampler`;
+    - a loader without a ``generator`` gets one seeded from (``seed``, ``rank``): each epoch's worker seeds are then
+      drawn from it (and checkpointed with it) instead of from the global RNG, which validation and user code also
+      draw from;
     - with workers, the dataset is wrapped in :class:`WorkerRNGDataset` (or :class:`WorkerRNGIterableDataset`) so
       the workers' RNG states are checkpointed;
     - with workers in a distributed run and no ``multiprocessing_context`` chosen, workers start from a forkserver
@@ -110,6 +118,7 @@ def make_resumable(
         loader: A training loader as Lightning prepared it (distributed sampler already injected).
         seed: The seed for shuffled orders (see :func:`run_seed`).
         world_size: Processes in the run.
+        rank: This process's rank (mixed into the seed of the workers' RNG when the loader has no generator).
         name: How to call the loader in messages.
         inner_sampler: Returns the sampler wrapped inside a distributed sampler (Lightning's
             ``DistributedSamplerWrapper``), ``None`` for any other.
@@ -128,12 +137,12 @@ def make_resumable(
         "timeout": loader.timeout,
         "worker_init_fn": loader.worker_init_fn,
         "multiprocessing_context": context,
-        "generator": loader.generator,
+        "generator": loader.generator if loader.generator is not None else _worker_seed_generator(seed, rank),
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": loader.persistent_workers,
         "pin_memory_device": loader.pin_memory_device,
         "in_order": loader.in_order,
-        "snapshot_every_n_steps": getattr(loader, "snapshot_every_n_steps", 1),
+        "snapshot_every_n_steps": getattr(loader, "snapshot_every_n_steps", SNAPSHOT_EVERY_N_STEPS),
     }
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
@@ -151,6 +160,12 @@ def make_resumable(
         rebuilt = StatefulDataLoader(dataset, **kwargs)
     log.debug("%s rebuilt as a StatefulDataLoader (sampler %s)", name, type(rebuilt.sampler).__name__)
     return ResumableLoader(rebuilt, problems)
+
+
+def _worker_seed_generator(seed: int, rank: int) -> torch.Generator:
+    generator = torch.Generator()
+    generator.manual_seed((seed * _SEED_MIX + 0x5EED + rank * 0x9E37) % 2**63)
+    return generator
 
 
 def run_seed(loader: Any, global_seed: int | None) -> int:

@@ -16,12 +16,14 @@ import multiprocessing
 import multiprocessing.context
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,16 +40,21 @@ FORKSERVER_PRELOAD = ["torch", "lightning_scale.data.worker_rng_dataset", "light
 def safe_worker_context(loader: Any, name: str) -> multiprocessing.context.BaseContext | None:
     """A forkserver context for ``loader``'s workers, or ``None`` (fork, with a warning) where it cannot be used.
 
-    Forkserver workers receive the dataset, ``collate_fn`` and ``worker_init_fn`` pickled, and import the module
-    that defines them. What does not pickle, or is defined in the script being run (``__main__``, which a forkserver
-    worker would import and run again without an ``if __name__ == "__main__"`` guard), keeps fork.
+    Forkserver workers receive the dataset, ``collate_fn`` and ``worker_init_fn`` pickled, and import the script
+    being run (as ``spawn`` does). What does not pickle keeps fork, and so does a script without an
+    ``if __name__ == "__main__":`` guard, which each worker would run again.
     """
-    problem = _why_not_picklable((loader.dataset, loader.collate_fn, loader.worker_init_fn))
+    problem = _unpicklable((loader.dataset, loader.collate_fn, loader.worker_init_fn))
+    if problem is None and not _main_is_safe_to_import():
+        problem = (
+            f'the script being run ({_main_name()}) has no `if __name__ == "__main__":` guard: forkserver workers '
+            "import it, and would run it again"
+        )
     if problem is not None:
         warnings.warn(
             f"{name}: its workers start with fork, which can rarely deadlock a worker at start-up while the process "
-            f"group's threads run, because {problem}. Move it into an importable module, or choose "
-            "multiprocessing_context yourself to silence this.",
+            f"group's threads run, because {problem}. Fix that, or choose multiprocessing_context yourself to "
+            "silence this.",
             stacklevel=2,
         )
         return None
@@ -57,32 +64,46 @@ def safe_worker_context(loader: Any, name: str) -> multiprocessing.context.BaseC
 
 
 class _TrialPickler(pickle.Pickler):
-    """Pickles the structure of an object without its array data, noting references to ``__main__``."""
+    """Pickles the structure of an object without its array data."""
 
     def __init__(self) -> None:
         super().__init__(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL)
-        self.from_main: str | None = None
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, (torch.Tensor, torch.UntypedStorage)) or type(obj).__module__ == "numpy":
             return id(obj)  # shared memory or copied by value in real pickling; never a reason to fail
         return None
 
-    def reducer_override(self, obj: Any) -> Any:
-        if self.from_main is None and getattr(obj, "__module__", None) == "__main__" and hasattr(obj, "__qualname__"):
-            self.from_main = obj.__qualname__
-        return NotImplemented
 
-
-def _why_not_picklable(objects: tuple[Any, ...]) -> str | None:
-    pickler = _TrialPickler()
+def _unpicklable(objects: tuple[Any, ...]) -> str | None:
     try:
-        pickler.dump(objects)
+        _TrialPickler().dump(objects)
     except Exception as error:  # what pickling raises is open-ended (PicklingError, TypeError, AttributeError)
         return f"the dataset, collate_fn or worker_init_fn cannot be pickled ({type(error).__name__}: {error})"
-    if pickler.from_main is not None:
-        return f"{pickler.from_main} is defined in the script being run (__main__)"
     return None
+
+
+def _main_name() -> str:
+    main = sys.modules.get("__main__")
+    return getattr(getattr(main, "__spec__", None), "name", None) or str(getattr(main, "__file__", "__main__"))
+
+
+def _main_is_safe_to_import() -> bool:
+    """Whether a worker that imports the running script (as multiprocessing's spawn and forkserver do) runs nothing:
+    there is no script (``python -c``, a notebook), it is a package's ``__main__`` (never imported), or it keeps its
+    work under ``if __name__ == "__main__":``."""
+    main = sys.modules.get("__main__")
+    module_name = getattr(getattr(main, "__spec__", None), "name", None)
+    if module_name is not None and (module_name == "__main__" or module_name.endswith(".__main__")):
+        return True
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return module_name is None
+    try:
+        source = Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return re.search(r"""^if\s+__name__\s*==\s*["']__main__["']\s*:""", source, re.MULTILINE) is not None
 
 
 class WorkerStartWatchdog:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -104,8 +105,8 @@ def positions_after_resume(loader_factory, consumed: int = 3, compared: int = 5)
     return expected, [next(iterator) for _ in range(compared)]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_shuffled_torch_dataloader_with_augmentation_in_workers_resumes_mid_epoch_exactly(workers):
+@pytest.mark.parametrize(("workers", "consumed"), [(0, 3), (2, 3), (2, 11)])
+def test_a_shuffled_torch_dataloader_with_augmentation_in_workers_resumes_mid_epoch_exactly(workers, consumed):
     def factory():
         loader = DataLoader(
             NoisyDataset(), batch_size=4, shuffle=True, num_workers=workers, worker_init_fn=user_worker_init
@@ -113,7 +114,7 @@ def test_a_shuffled_torch_dataloader_with_augmentation_in_workers_resumes_mid_ep
         return rebuilt(loader, seed=11).loader
 
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
-    expected, resumed = positions_after_resume(factory)
+    expected, resumed = positions_after_resume(factory, consumed)  # between snapshots (every 8 batches) and after one
     assert ids(expected) == ids(resumed)
     if workers:  # the main process's RNG is DataStateCheckpoint's business; workers' states travel in the loader
         assert all(torch.equal(a["x"], b["x"]) for a, b in zip(expected, resumed, strict=True))
@@ -225,3 +226,35 @@ def test_forkserver_workers_really_start_and_deliver():
     loader = rebuilt(DataLoader(NoisyDataset(16), batch_size=4, num_workers=2), world_size=2).loader
     assert sorted(i for batch in ids(loader) for i in batch) == list(range(16))
     assert multiprocessing.get_context("forkserver").get_start_method() == "forkserver"
+
+
+class DefinedInTheScript(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+DefinedInTheScript.__module__ = "__main__"
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_workers_take_a_forkserver_only_when_the_running_script_has_a_main_guard(guarded, tmp_path, monkeypatch):
+    import types
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n" + ('if __name__ == "__main__":\n    main()\n' if guarded else "main()\n"))
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    main.DefinedInTheScript = DefinedInTheScript
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    if guarded:
+        loader = rebuilt(DataLoader(DefinedInTheScript(), num_workers=2), world_size=2).loader
+        assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    else:
+        with pytest.warns(
+            UserWarning, match=r"start with fork.*train.py\) has no `if __name__ == \"__main__\":` guard"
+        ):
+            loader = rebuilt(DataLoader(DefinedInTheScript(), num_workers=2), world_size=2).loader
+        assert loader.multiprocessing_context is None
