@@ -19,12 +19,6 @@ def data_workers2() -> CharDataModule:
     return CharDataModule(batch_size=8, num_workers=2, augment=True, multiprocessing_context=_forkserver())
 
 
-def data_workers2_no_worker_rng() -> CharDataModule:
-    return CharDataModule(
-        batch_size=8, num_workers=2, augment=True, worker_rng=False, multiprocessing_context=_forkserver()
-    )
-
-
 def data_workers2_fork() -> CharDataModule:
     """Workers forked by the rank itself: their deaths reach it at once (SIGCHLD), which is what a job-wide signal
     test needs. One process and no gloo threads keep the fork hazard (below) remote."""

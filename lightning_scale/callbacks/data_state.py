@@ -115,6 +115,13 @@ class DataStateCheckpoint(Callback):
         if self._undo_loaders is not None:
             self._undo_loaders()
             self._undo_loaders = None
+        self._stop_watchdog()
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._stop_watchdog()  # Lightning skips teardown after an error; an armed watchdog would end the process later
+
+    def _stop_watchdog(self) -> None:
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None

@@ -144,14 +144,16 @@ def make_resumable(
         "in_order": loader.in_order,
         "snapshot_every_n_steps": getattr(loader, "snapshot_every_n_steps", SNAPSHOT_EVERY_N_STEPS),
     }
+    batch_sampler = loader.batch_sampler
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
-    elif loader.batch_size is not None or type(loader.batch_sampler) in _PLAIN_BATCH_SAMPLERS:
-        batch_sampler = loader.batch_sampler
+    elif batch_sampler is None:  # batch_size=None: no automatic batching
+        kwargs.update(sampler=_seeded(loader.sampler, seed, inner_sampler), batch_size=None)
+    elif loader.batch_size is not None or type(batch_sampler) in _PLAIN_BATCH_SAMPLERS:
         kwargs.update(
-            sampler=_seeded(loader.sampler if batch_sampler is None else batch_sampler.sampler, seed, inner_sampler),
-            batch_size=loader.batch_size if batch_sampler is None else batch_sampler.batch_size,
-            drop_last=loader.drop_last if batch_sampler is None else batch_sampler.drop_last,
+            sampler=_seeded(batch_sampler.sampler, seed, inner_sampler),
+            batch_size=batch_sampler.batch_size,
+            drop_last=batch_sampler.drop_last,
         )
     else:
         kwargs.update(batch_sampler=loader.batch_sampler)  # a custom one: kept as given
@@ -243,7 +245,7 @@ def _problems(loader: Any, name: str, inner_sampler: Callable[[Any], Any]) -> li
             "reads the epoch again from its start up to the saved position, which is exact only if iterating it is "
             "deterministic, and costs the time of reading it. Give it state_dict()/load_state_dict()."
         ]
-    sampler = loader.sampler if loader.batch_size is not None else loader.batch_sampler
+    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
     if type(sampler) in _PLAIN_BATCH_SAMPLERS:
         sampler = sampler.sampler
     inner = inner_sampler(sampler)
@@ -260,7 +262,7 @@ def _problems(loader: Any, name: str, inner_sampler: Callable[[Any], Any]) -> li
 def _ordered_reproducibly(sampler: Any) -> bool:
     known = (SequentialSampler, RandomSampler, DistributedSampler, EpochSeededSampler, StatefulRandomSampler)
     return (
-        isinstance(sampler, known)
+        isinstance(sampler, (*known, list, tuple, range))  # a fixed sequence of indices is an order of its own
         or _is_stateful(sampler)
         or callable(getattr(sampler, "set_epoch", None))
         or hasattr(sampler, "generator")  # epoch-seeded by make_resumable

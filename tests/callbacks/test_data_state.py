@@ -216,3 +216,28 @@ def test_opting_out_leaves_the_users_loader_as_given(tmp_path, tiny_trainer_kwar
     callbacks = [Sees(), DataStateCheckpoint(make_loaders_resumable=False), ResumableCheckpoint(dirpath=tmp_path)]
     Trainer(max_steps=2, callbacks=callbacks, **tiny_trainer_kwargs).fit(UserMLP(), train_dataloaders=loader)
     assert type(seen[0]) is DataLoader
+
+
+class FailsInItsFirstStep(Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        raise RuntimeError("the user's bug")
+
+
+def test_an_error_before_the_first_batch_stops_the_worker_start_watchdog(tmp_path, tiny_trainer_kwargs, monkeypatch):
+    from tests.data.user_code import NoisyDataset, UserMLP
+
+    data_state = DataStateCheckpoint(worker_start_timeout_s=600)
+    loader = DataLoader(NoisyDataset(16), batch_size=4, num_workers=1)
+    callbacks = [FailsInItsFirstStep(), data_state, ResumableCheckpoint(dirpath=tmp_path)]
+    watchdogs = []
+    original = DataStateCheckpoint._watch_worker_start
+
+    def record(self, trainer, loaders):
+        original(self, trainer, loaders)
+        watchdogs.append(self._watchdog)
+
+    monkeypatch.setattr(DataStateCheckpoint, "_watch_worker_start", record)
+    with pytest.raises(RuntimeError, match="the user's bug"):
+        Trainer(max_steps=2, callbacks=callbacks, **tiny_trainer_kwargs).fit(UserMLP(), train_dataloaders=loader)
+    assert watchdogs and watchdogs[0]._thread is None  # closed: it cannot end this process 10 minutes from now
+    assert data_state._watchdog is None

@@ -62,6 +62,16 @@ def test_torch_dataloader_becomes_a_statefuldataloader_with_the_same_arguments()
     assert new.dataset.x is loader.dataset.x  # the user's dataset attributes stay reachable
 
 
+def test_batch_size_none_and_a_custom_batch_sampler_are_kept():
+    dataset = NoisyDataset(8)
+    unbatched = rebuilt(DataLoader(dataset, batch_size=None, shuffle=True)).loader
+    assert unbatched.batch_size is None and isinstance(unbatched.sampler, EpochSeededSampler)
+    assert sorted(item["sample_id"] for item in unbatched) == list(range(8))
+    pairs = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    custom = rebuilt(DataLoader(dataset, batch_sampler=pairs))
+    assert custom.loader.batch_sampler is pairs and ids(custom.loader) == pairs and custom.problems == []
+
+
 @pytest.mark.parametrize(
     "make_sampler", [RandomSampler, StatefulRandomSampler, lambda d: WeightedRandomSampler([1.0] * len(d), len(d))]
 )
@@ -152,6 +162,48 @@ class OwnOrder(Sampler[int]):
 
 class MyLoader(DataLoader):
     pass
+
+
+class ShardedStream(IterableDataset):
+    """An iterable dataset with its own state, sharded over workers, with augmentation from the worker's RNG."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        while self.position < 80:
+            index, self.position = self.position, self.position + 1
+            if index % workers == worker:
+                yield {"sample_id": index, "x": torch.rand(2) + random.random()}
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+@pytest.mark.parametrize("consumed", [3, 9])
+def test_a_stateful_iterable_dataset_with_augmentation_in_workers_resumes_mid_epoch_exactly(consumed):
+    def factory():
+        return rebuilt(DataLoader(ShardedStream(), batch_size=4, num_workers=2), seed=3).loader
+
+    first = factory()
+    iterator = iter(first)
+    for _ in range(consumed):
+        next(iterator)
+    state = first.state_dict()
+    expected = [next(iterator) for _ in range(5)]
+    del iterator, first
+    torch.manual_seed(99), random.seed(99)
+    second = factory()
+    second.load_state_dict(state)
+    iterator = iter(second)
+    resumed = [next(iterator) for _ in range(5)]
+    assert ids(expected) == ids(resumed)
+    assert all(torch.equal(a["x"], b["x"]) for a, b in zip(expected, resumed, strict=True))
 
 
 def test_an_iterable_dataset_with_state_gets_its_workers_rng_carried_beside_its_own_state():
