@@ -1,8 +1,8 @@
 """Data-loading throughput: the loader ``DataStateCheckpoint`` builds from a user's ``DataLoader`` vs that loader.
 
 The user's loader: torch's ``DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2)`` over a map-style
-dataset whose ``__getitem__`` augments a 3x64x64 image with torch, NumPy and ``random`` (about 0.3 ms an item on this
-CPU). Ours: :func:`lightning_scale.data.make_resumable` of that loader, as a training run gets it: a
+dataset whose ``__getitem__`` makes a 3x64x64 image and augments it with torch, NumPy and ``random`` (about 0.3 ms an
+item on this CPU). Ours: :func:`lightning_scale.data.make_resumable` of that loader, as a training run gets it: a
 ``StatefulDataLoader`` with an epoch-seeded sampler, ``WorkerRNGDataset`` (the workers' state, RNG included, sent
 every 8 batches) and, for a distributed run (``world_size=2``), workers started from a forkserver instead of forked.
 One epoch (workers started, every batch read, workers stopped) is timed per variant per round, both variants in this
@@ -35,21 +35,21 @@ from _common import machine_info, spread
 
 from lightning_scale.data import make_resumable
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.98  # throughput, ours / plain
 
 
 class AugmentedImages(Dataset):
-    """Images made once; each read flips, shifts and adds noise, drawing from torch, NumPy and ``random``."""
+    """Images "decoded" from their index (as a dataset reading files holds only their names); each read flips,
+    shifts and adds noise, drawing from torch, NumPy and ``random``."""
 
     def __init__(self, n: int) -> None:
-        self.images = torch.randn(n, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+        self.n = n
 
     def __len__(self) -> int:
-        return len(self.images)
+        return self.n
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.images[index]
+        image = torch.randn(3, 64, 64, generator=torch.Generator().manual_seed(index))
         if random.random() < 0.5:
             image = image.flip(-1)
         shift = int(np.random.randint(-4, 5))
@@ -87,7 +87,7 @@ def measure(n: int, rounds: int, world_size: int) -> dict:
     lower_quartile = statistics.quantiles(ratios, n=4)[0] if len(ratios) > 1 else ratios[0]
     return {
         "world_size": world_size,
-        "workers": "forkserver" if world_size > 1 else "fork",
+        "workers": ours.multiprocessing_context.get_start_method() if ours.multiprocessing_context else "fork",
         "samples_per_s": {name: spread([n / s for s in seconds]) for name, seconds in times.items()},
         "training_process_cpu_s_per_epoch": {name: spread(seconds) for name, seconds in cpu.items()},
         "ours_over_plain_throughput": spread(ratios) | {"lower_quartile": lower_quartile},
@@ -98,7 +98,7 @@ def measure(n: int, rounds: int, world_size: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: a small epoch, 3 rounds")
-    parser.add_argument("--out", default=str(RESULTS / "data_loading.json"))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "data_loading.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     n, rounds = (512, 3) if args.quick else (4096, 12)

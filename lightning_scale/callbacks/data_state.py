@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -58,12 +59,13 @@ class DataStateCheckpoint(Callback):
     :func:`~lightning_scale.data.resumable_loader.make_resumable`): torch's ``DataLoader`` becomes a
     ``StatefulDataLoader`` with the same arguments; ``shuffle=True``, a ``RandomSampler`` (also inside Lightning's
     ``DistributedSamplerWrapper``) draw each epoch's order from (seed, epoch), the seed being the loader's
-    ``generator``'s or ``seed_everything``'s; workers' RNG states are checkpointed; in a distributed run, workers
-    start from a forkserver when no ``multiprocessing_context`` was chosen. What still cannot resume exactly (an
+    ``generator``'s, ``seed_everything``'s, or else one drawn at the run's start and checkpointed; workers' RNG
+    states are checkpointed; in a distributed run, workers start from a forkserver when no
+    ``multiprocessing_context`` was chosen and that changes nothing they do. What still cannot resume exactly (an
     ``IterableDataset`` or a sampler without state, an iterable that is no ``DataLoader``) is named in a warning at
     the start of every fit; with ``strict=True`` it is refused before the first step. Training loaders whose workers
-    deliver no batch within ``worker_start_timeout_s`` of starting are reported with every stack, and the process
-    exits with ``STUCK_WORKERS_EXIT_CODE`` (124) so that the job is restarted.
+    deliver no batch within ``worker_start_timeout_s`` of an epoch's start are reported with every stack, and the
+    process exits with ``STUCK_WORKERS_EXIT_CODE`` (124) so that the job is restarted.
 
     ``ResumableCheckpoint`` adds this callback when the Trainer has none; it also works beside Lightning's plain
     ``ModelCheckpoint``.
@@ -99,12 +101,14 @@ class DataStateCheckpoint(Callback):
         self._problems: list[str] = []
         self._undo_loaders: Callable[[], None] | None = None
         self._watchdog: WorkerStartWatchdog | None = None
+        self._drawn_seed: int | None = None  # the run's seed for loaders the user gave none; checkpointed
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._trainer = trainer
             self._problems = []
+            self._drawn_seed = None  # a resume's checkpoint brings its own back before the loaders are built
             before_train_iterator(trainer, self._before_train_iterator)
             self._undo_loaders = process_dataloaders_with(trainer, self._process_loader)
 
@@ -147,6 +151,7 @@ class DataStateCheckpoint(Callback):
         saved_world, world = state_dict["world_size"], distributed.world_size()
         if saved_world == world:
             self._pending = state_dict[f"rank_{distributed.rank()}"]
+            self._drawn_seed = self._pending.get("drawn_seed")
             return
         rank0 = state_dict["rank_0"]
         if not rank0["end_of_epoch"]:
@@ -162,6 +167,7 @@ class DataStateCheckpoint(Callback):
             f"{saved_world} processes."
         )
         self._pending = {"epoch": rank0["epoch"], "end_of_epoch": True, "loaders": None, "rng": None}
+        self._drawn_seed = rank0.get("drawn_seed")
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -182,6 +188,7 @@ class DataStateCheckpoint(Callback):
                 for loader, state in zip(train_loaders(trainer), consumed_loader_states(trainer), strict=True)
             ],
             "rng": capture_rng_state(),
+            "drawn_seed": self._drawn_seed,
         }
 
     @override
@@ -202,7 +209,7 @@ class DataStateCheckpoint(Callback):
         name = f"training dataloader #{len(self._problems)} ({type(loader).__name__})"
         result = make_resumable(
             loader,
-            seed=run_seed(loader, _seed_everything_seed()),
+            seed=self._seed(loader),
             world_size=trainer.world_size,
             rank=trainer.global_rank,
             name=name,
@@ -210,6 +217,16 @@ class DataStateCheckpoint(Callback):
         )
         self._problems.append("\n".join(result.problems))
         return result.loader
+
+    def _seed(self, loader: Any) -> int:
+        """The user's seed for ``loader``; without one, a seed drawn once per run (by rank 0, for every rank) and kept
+        in the checkpoint, so that unseeded runs still differ from each other and a resumed one keeps its orders."""
+        given = run_seed(loader, _seed_everything_seed())
+        if given is not None:
+            return given
+        if self._drawn_seed is None:
+            self._drawn_seed = distributed.broadcast_object(secrets.randbits(63))  # not from the RNG users draw from
+        return self._drawn_seed
 
     def _before_train_iterator(self, loaders: list[Any]) -> None:
         problems = [problem for problem in self._problems if problem]
@@ -240,10 +257,10 @@ class DataStateCheckpoint(Callback):
                 _restore_loader(loader, saved[index], end_of_epoch)
         if end_of_epoch and pending["rng"] is not None:
             restore_rng_state(pending["rng"])
-        if self._trainer is not None:
-            self._watch_worker_start(self._trainer, loaders)  # the iterator, and its workers, start right after this
 
     def _watch_worker_start(self, trainer: pl.Trainer, loaders: list[Any]) -> None:
+        """From the start of an epoch to its first batch (which a restored position's fast-forward precedes); the
+        first epoch of a fit over a loader without a length is fetched ahead before this, unwatched."""
         if not any(getattr(loader, "num_workers", 0) > 0 for loader in loaders):
             return
         if self._watchdog is None:

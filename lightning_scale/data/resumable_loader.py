@@ -15,14 +15,23 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 from torch.utils.data.distributed import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import BatchSampler as StatefulBatchSampler
 from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
+from lightning_scale.data.forkserver import safe_worker_context
 from lightning_scale.data.worker_rng_dataset import WorkerRNGDataset, WorkerRNGIterableDataset
-from lightning_scale.data.worker_start import safe_worker_context
 
 __all__ = ["EpochSeededSampler", "ResumableLoader", "make_resumable"]
 
@@ -30,6 +39,7 @@ log = logging.getLogger(__name__)
 
 _REBUILT_TYPES = (DataLoader, StatefulDataLoader)  # exact types only: a subclass may take other arguments
 _PLAIN_BATCH_SAMPLERS = (BatchSampler, StatefulBatchSampler)  # what DataLoader(batch_size=...) builds
+_GENERATOR_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler, StatefulRandomSampler)
 SNAPSHOT_EVERY_N_STEPS = 8
 """How often a rebuilt torch ``DataLoader``'s workers send their state (RNG included) to the training process. A
 checkpoint between two snapshots resumes from the previous one and reads the batches since again (up to 7, exactly
@@ -112,11 +122,11 @@ def make_resumable(
     - with workers, the dataset is wrapped in :class:`WorkerRNGDataset` (or :class:`WorkerRNGIterableDataset`) so
       the workers' RNG states are checkpointed;
     - with workers in a distributed run and no ``multiprocessing_context`` chosen, workers start from a forkserver
-      (see :func:`~lightning_scale.data.worker_start.safe_worker_context`).
+      (see :func:`~lightning_scale.data.forkserver.safe_worker_context`).
 
     Args:
         loader: A training loader as Lightning prepared it (distributed sampler already injected).
-        seed: The seed for shuffled orders (see :func:`run_seed`).
+        seed: The seed for shuffled orders: the user's (see :func:`run_seed`), or one the run keeps.
         world_size: Processes in the run.
         rank: This process's rank (mixed into the seed of the workers' RNG when the loader has no generator).
         name: How to call the loader in messages.
@@ -170,8 +180,9 @@ def _worker_seed_generator(seed: int, rank: int) -> torch.Generator:
     return generator
 
 
-def run_seed(loader: Any, global_seed: int | None) -> int:
-    """The seed of a loader's shuffled orders: its own ``generator``'s, else ``seed_everything``'s, else 0."""
+def run_seed(loader: Any, global_seed: int | None) -> int | None:
+    """The seed the user gave for a loader's shuffled orders: its own ``generator``'s, else ``seed_everything``'s
+    (``global_seed``); ``None`` when they gave none."""
     generator = getattr(loader, "generator", None)
     if isinstance(generator, torch.Generator):
         return generator.initial_seed()
@@ -179,7 +190,7 @@ def run_seed(loader: Any, global_seed: int | None) -> int:
     own = getattr(sampler, "generator", None)  # torch's samplers keep None unless the user gave one
     if isinstance(own, torch.Generator) and not isinstance(sampler, StatefulRandomSampler):
         return own.initial_seed()  # torchdata's RandomSampler makes its own from the global RNG: not the user's
-    return 0 if global_seed is None else global_seed
+    return global_seed
 
 
 def _seeded(sampler: Any, seed: int, inner_sampler: Callable[[Any], Any]) -> Any:
@@ -200,11 +211,12 @@ def _seeded(sampler: Any, seed: int, inner_sampler: Callable[[Any], Any]) -> Any
 
 
 def _draws_from_generator(sampler: Any) -> bool:
-    if isinstance(sampler, StatefulRandomSampler):
-        return True
+    """Whether ``sampler`` is one of torch's or torchdata's random samplers, drawing from a ``torch.Generator`` (or
+    the global RNG) and with no epoch handling of its own: those get an :class:`EpochSeededSampler`."""
     return (
-        hasattr(sampler, "generator")
-        and not isinstance(sampler, (DistributedSampler, EpochSeededSampler))
+        isinstance(sampler, _GENERATOR_SAMPLERS)
+        and (sampler.generator is None or isinstance(sampler.generator, torch.Generator))
+        and not callable(getattr(sampler, "set_epoch", None))
         and not _is_stateful(sampler)
     )
 
@@ -245,11 +257,13 @@ def _problems(loader: Any, name: str, inner_sampler: Callable[[Any], Any]) -> li
             "reads the epoch again from its start up to the saved position, which is exact only if iterating it is "
             "deterministic, and costs the time of reading it. Give it state_dict()/load_state_dict()."
         ]
-    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
-    if type(sampler) in _PLAIN_BATCH_SAMPLERS:
-        sampler = sampler.sampler
-    inner = inner_sampler(sampler)
-    for candidate in (sampler, inner):
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is not None and type(batch_sampler) not in _PLAIN_BATCH_SAMPLERS:
+        candidates = [batch_sampler]  # a custom batch sampler is kept as given: nothing seeds it
+    else:
+        sampler = loader.sampler if batch_sampler is None else batch_sampler.sampler
+        candidates = [sampler, inner_sampler(sampler)]
+    for candidate in candidates:
         if candidate is not None and not _ordered_reproducibly(candidate):
             return [
                 f"{name} draws its order from {type(candidate).__name__}, which has no state_dict() and no "
@@ -260,10 +274,9 @@ def _problems(loader: Any, name: str, inner_sampler: Callable[[Any], Any]) -> li
 
 
 def _ordered_reproducibly(sampler: Any) -> bool:
-    known = (SequentialSampler, RandomSampler, DistributedSampler, EpochSeededSampler, StatefulRandomSampler)
     return (
-        isinstance(sampler, (*known, list, tuple, range))  # a fixed sequence of indices is an order of its own
+        isinstance(sampler, (SequentialSampler, DistributedSampler, EpochSeededSampler, list, tuple, range))
         or _is_stateful(sampler)
         or callable(getattr(sampler, "set_epoch", None))
-        or hasattr(sampler, "generator")  # epoch-seeded by make_resumable
+        or _draws_from_generator(sampler)  # epoch-seeded by make_resumable
     )

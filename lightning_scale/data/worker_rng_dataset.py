@@ -24,6 +24,17 @@ class _WorkerRNGState:
             raise AttributeError(name)
         return getattr(self.dataset, name)  # the user's dataset attributes stay reachable through the loader
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "dataset":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.dataset, name, value)  # e.g. a curriculum level set through trainer.train_dataloader
+
+    @property
+    def __getitems__(self) -> Any:
+        """The wrapped dataset's batched fetch, which torch's fetcher uses when it is there (``None`` otherwise)."""
+        return getattr(self.dataset, "__getitems__", None)
+
     def state_dict(self) -> dict[str, Any]:
         """The RNG state of the worker process this runs in (none in the main process) and the dataset's state."""
         state: dict[str, Any] = {}

@@ -241,3 +241,36 @@ def test_an_error_before_the_first_batch_stops_the_worker_start_watchdog(tmp_pat
         Trainer(max_steps=2, callbacks=callbacks, **tiny_trainer_kwargs).fit(UserMLP(), train_dataloaders=loader)
     assert watchdogs and watchdogs[0]._thread is None  # closed: it cannot end this process 10 minutes from now
     assert data_state._watchdog is None
+
+
+class RecordsSamples(Callback):
+    def __init__(self) -> None:
+        self.ids: dict[int, list[int]] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.ids[trainer.global_step] = batch["sample_id"].tolist()
+
+
+def test_an_unseeded_single_process_run_resumes_its_own_order_and_dropout(tmp_path, tiny_trainer_kwargs):
+    """No seed_everything and torch's DataLoader(shuffle=True): the run draws a seed, keeps it in the checkpoint, and a
+    resume in a process whose RNG is elsewhere reads the same samples and ends with the same weights."""
+    from tests.data.user_code import NoisyDataset, UserMLP
+
+    def fit(max_steps: int, ckpt_path=None, run: str = "ckpt") -> tuple[RecordsSamples, UserMLP]:
+        torch.manual_seed(torch.seed())  # whatever state an unseeded process is in
+        model, recorder = UserMLP(), RecordsSamples()
+        checkpoint = ResumableCheckpoint(dirpath=tmp_path / run, every_n_train_steps=4, keep_last_k=None)
+        loader = DataLoader(NoisyDataset(32), batch_size=4, shuffle=True)  # 8 steps per epoch
+        trainer = Trainer(max_steps=max_steps, callbacks=[recorder, checkpoint], **tiny_trainer_kwargs)
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
+        return recorder, model
+
+    first, first_model = fit(20)
+    resumed, resumed_model = fit(20, ckpt_path=str(tmp_path / "ckpt" / "epoch=1-step=12.ckpt"))
+    assert sorted(resumed.ids) == list(range(13, 21))
+    assert all(resumed.ids[step] == first.ids[step] for step in resumed.ids)  # epoch 1 and 2 orders, epoch-seeded
+    assert first.ids[1] != first.ids[9]  # a new order every epoch
+    for name, tensor in first_model.state_dict().items():
+        assert torch.equal(tensor, resumed_model.state_dict()[name]), name
+    another, _ = fit(4, run="another")
+    assert [another.ids[step] for step in range(1, 5)] != [first.ids[step] for step in range(1, 5)]  # not seed 0

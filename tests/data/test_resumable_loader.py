@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import sys
 
@@ -261,7 +260,7 @@ def test_what_a_forkserver_cannot_take_keeps_fork_with_a_warning_naming_it():
     assert list(loader) == [torch.tensor([0]), torch.tensor([1]), torch.tensor([2]), torch.tensor([3])]
 
 
-def test_the_seed_is_the_loaders_generator_then_seed_everythings_then_zero():
+def test_the_users_seed_is_the_loaders_generator_then_seed_everythings():
     dataset = list(range(8))
     assert run_seed(DataLoader(dataset, generator=torch.Generator().manual_seed(5)), global_seed=1) == 5
     assert (
@@ -271,13 +270,13 @@ def test_the_seed_is_the_loaders_generator_then_seed_everythings_then_zero():
     assert (
         run_seed(StatefulDataLoader(dataset, shuffle=True), global_seed=1) == 1
     )  # torchdata's own generator: not the user's
-    assert run_seed(DataLoader(dataset, shuffle=True), global_seed=None) == 0
+    assert run_seed(DataLoader(dataset, shuffle=True), global_seed=None) is None  # the run draws and keeps one
 
 
 def test_forkserver_workers_really_start_and_deliver():
     loader = rebuilt(DataLoader(NoisyDataset(16), batch_size=4, num_workers=2), world_size=2).loader
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
     assert sorted(i for batch in ids(loader) for i in batch) == list(range(16))
-    assert multiprocessing.get_context("forkserver").get_start_method() == "forkserver"
 
 
 class DefinedInTheScript(Dataset):
@@ -290,23 +289,98 @@ class DefinedInTheScript(Dataset):
 
 DefinedInTheScript.__module__ = "__main__"
 
+SCRIPTS = {  # a script being run, and why its workers must keep fork (None: a forkserver is fine)
+    "guarded": ('import torch\nclass DefinedInTheScript: pass\nif __name__ == "__main__":\n    main()\n', None),
+    "runs-at-import": ("import torch\nclass DefinedInTheScript: pass\nmain()\n", r"runs code at import \(line 3\)"),
+    "defined-under-the-guard": (
+        'import sys\nsys.path.insert(0, ".")\nif __name__ == "__main__":\n    class DefinedInTheScript: pass\n',
+        r"DefinedInTheScript is defined inside `if __name__ == \"__main__\":`",
+    ),
+}
 
-@pytest.mark.parametrize("guarded", [True, False])
-def test_workers_take_a_forkserver_only_when_the_running_script_has_a_main_guard(guarded, tmp_path, monkeypatch):
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_workers_take_a_forkserver_only_when_importing_the_running_script_is_harmless(script, tmp_path, monkeypatch):
     import types
 
-    script = tmp_path / "train.py"
-    script.write_text("import torch\n" + ('if __name__ == "__main__":\n    main()\n' if guarded else "main()\n"))
+    source, problem = SCRIPTS[script]
+    path = tmp_path / "train.py"
+    path.write_text(source)
     main = types.ModuleType("__main__")
-    main.__file__ = str(script)
+    main.__file__ = str(path)
+    main.DefinedInTheScript = DefinedInTheScript  # as running the script defined it
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    loader = DataLoader(DefinedInTheScript(), num_workers=2)
+    if problem is None:
+        assert rebuilt(loader, world_size=2).loader.multiprocessing_context.get_start_method() == "forkserver"
+        return
+    with pytest.warns(UserWarning, match=r"start with fork.*" + problem):
+        assert rebuilt(loader, world_size=2).loader.multiprocessing_context is None
+
+
+def test_a_class_of_an_interactive_session_keeps_fork(monkeypatch):
+    import types
+
+    main = types.ModuleType("__main__")  # python -c, a notebook: no file
     main.DefinedInTheScript = DefinedInTheScript
     monkeypatch.setitem(sys.modules, "__main__", main)
-    if guarded:
+    with pytest.warns(UserWarning, match=r"DefinedInTheScript is defined in an interactive session"):
         loader = rebuilt(DataLoader(DefinedInTheScript(), num_workers=2), world_size=2).loader
-        assert loader.multiprocessing_context.get_start_method() == "forkserver"
-    else:
-        with pytest.warns(
-            UserWarning, match=r"start with fork.*train.py\) has no `if __name__ == \"__main__\":` guard"
-        ):
-            loader = rebuilt(DataLoader(DefinedInTheScript(), num_workers=2), world_size=2).loader
-        assert loader.multiprocessing_context is None
+    assert loader.multiprocessing_context is None
+
+
+class InMemory(Dataset):
+    def __init__(self, data) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int):
+        return self.data[index]
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (torch.zeros(17 * 2**20), r"hold 68 MiB of tensors and arrays"),
+        (np.zeros(17 * 2**20, dtype=np.float32), r"hold 68 MiB of tensors and arrays"),
+    ],
+    ids=["large-tensor", "large-array"],
+)
+def test_large_in_memory_data_keeps_fork_where_workers_share_it(data, why):
+    with pytest.warns(UserWarning, match=why):
+        assert rebuilt(DataLoader(InMemory(data), num_workers=2), world_size=2).loader.multiprocessing_context is None
+
+
+def test_a_numpy_memmap_keeps_fork(tmp_path):
+    data = np.memmap(tmp_path / "data.bin", dtype=np.float32, mode="w+", shape=(16,))
+    with pytest.warns(UserWarning, match=r"NumPy memmap"):
+        assert rebuilt(DataLoader(InMemory(data), num_workers=2), world_size=2).loader.multiprocessing_context is None
+
+
+class NumpyOrder(Sampler[int]):
+    """A user's sampler drawing from a NumPy generator: not one make_resumable knows how to seed."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.generator, self.epochs = n, np.random.default_rng(0), []
+
+    def __iter__(self):
+        return iter(self.generator.permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class NumpyOrderWithEpochs(NumpyOrder):
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+        self.generator = np.random.default_rng(epoch)
+
+
+def test_a_users_sampler_with_a_generator_of_its_own_is_never_rewired():
+    plain = rebuilt(DataLoader(list(range(8)), sampler=NumpyOrder(8), batch_size=2))
+    assert type(plain.loader.sampler) is NumpyOrder and len(list(plain.loader)) == 4
+    assert "NumpyOrder, which has no state_dict() and no set_epoch()" in plain.problems[0]
+    with_epochs = rebuilt(DataLoader(list(range(8)), sampler=NumpyOrderWithEpochs(8), batch_size=2))
+    assert type(with_epochs.loader.sampler) is NumpyOrderWithEpochs and with_epochs.problems == []

@@ -48,3 +48,26 @@ def test_passes_indexing_and_length_through_and_is_empty_in_the_main_process():
     wrapped = WorkerRNGDataset([5, 6, 7])
     assert (wrapped[2], len(wrapped), wrapped.state_dict()) == (7, 3, {})
     wrapped.load_state_dict({})
+
+
+class Batched(Dataset):
+    def __init__(self) -> None:
+        self.level = 0
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        raise NotImplementedError("only batched reads")
+
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        return [index * 10 + self.level for index in indices]
+
+
+def test_the_wrapper_keeps_batched_reads_and_forwards_attribute_writes():
+    wrapped = WorkerRNGDataset(Batched())
+    loader = StatefulDataLoader(wrapped, batch_size=4)
+    wrapped.level = 3  # as a curriculum callback sets it through trainer.train_dataloader.dataset
+    assert wrapped.dataset.level == 3
+    assert [batch.tolist() for batch in loader] == [[3, 13, 23, 33], [43, 53, 63, 73]]
+    assert WorkerRNGDataset([1, 2]).__getitems__ is None
