@@ -6,12 +6,15 @@ randomness in ``collate_fn`` and ``worker_init_fn``; augmentation from torch, Nu
 Each cell trains ``tests.data.user_code`` on 2 processes (torchrun, gloo) uninterrupted and interrupted-then-resumed;
 every cell must end bitwise equal and see the same sample ids per rank per step.
 
-To keep the suite short, cells share launches (``tests.data.matrix_job``): one launch trains every reference, then
-each launch resumes the cell the previous one was interrupted in and runs the next cell until its interruption.
+To keep the suite short, cells share launches (``tests.data.matrix_job``): the first launch trains every reference and
+the first interrupted cell until its interruption; each next one resumes that cell and runs the next one until its
+interruption. SpotPreemption's side is checked too: exit 143, the resume banner at the step after the notice, and no
+rank or worker left after any launch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -24,7 +27,7 @@ import pytest
 import torch
 
 from lightning_scale.testing.exact_resume import ResumeReport, _job, _traces
-from lightning_scale.testing.processes import kill_process_tree
+from lightning_scale.testing.processes import descendants, kill_process_tree
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
@@ -139,6 +142,15 @@ def launch(listing: Path, markers: list[Path], log: Path, timeout_s: float = 400
     return process.returncode
 
 
+def leftover_processes(root: Path) -> list[int]:
+    found = []
+    for pid in descendants(1):
+        with contextlib.suppress(OSError):
+            if str(root) in Path(f"/proc/{pid}/cmdline").read_text():
+                found.append(pid)
+    return found
+
+
 def tail(log: Path, lines: int = 60) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
@@ -146,18 +158,26 @@ def tail(log: Path, lines: int = 60) -> str:
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory) -> dict[str, ResumeReport]:
     root = tmp_path_factory.mktemp("matrix")
-    reference = write_cells(root / "reference", interrupted=False)
+    cells = json.loads(write_cells(root / "reference", interrupted=False).read_text())
+    cells += json.loads(write_cells(root / "interrupted", interrupted=True).read_text())
+    listing = root / "cells.json"  # every reference first (the first launch runs them), then the interrupted cells
+    listing.write_text(json.dumps(cells, indent=1))
     log = root / "log.txt"
-    assert launch(reference, [], log) == 0, tail(log)
-    interrupted = write_cells(root / "interrupted", interrupted=True)
     markers = [root / "interrupted" / cell.name / "interrupted.marker" for cell in CELLS]
     outcomes = []
     for _ in range(len(CELLS) + 1):  # each launch ends with one interruption, the last one with every cell done
-        outcomes.append(launch(interrupted, markers, log))
+        outcomes.append(launch(listing, markers, log))
+        assert leftover_processes(root) == [], f"after launch {len(outcomes)}"  # ranks and workers all gone
         if outcomes[-1] == 0:
             break
         assert outcomes[-1] in ("killed", 1), f"launch outcomes {outcomes}; log tail:\n{tail(log)}"  # torchrun: 1
     assert outcomes.count("killed") == sum(c.interruption == "kill" for c in CELLS), outcomes
+    text = log.read_text()
+    spot = [cell for cell in CELLS if cell.interruption == "spot"]
+    assert outcomes.count(1) == len(spot) and text.count("exitcode  : 143") >= len(spot)  # SpotPreemption's exit
+    for cell in spot:  # rank 1's notice stopped both ranks at the step after it, where the restarted job resumed
+        saved_at = POSITIONS[cell.position][1] + 1
+        assert f"Resumed after a preemption: SIGTERM notice, checkpointed at step {saved_at}" in text, cell.name
     reports = {}
     for cell in CELLS:
         ref, res = root / "reference" / cell.name, root / "interrupted" / cell.name

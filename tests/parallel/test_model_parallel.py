@@ -67,14 +67,17 @@ def test_tensor_parallel_matches_one_process(tmp_path, linear_attention):
     if linear_attention:
         assert "model.1.attn.q_proj" in tp["log"] and "model.1.attn.o_proj" in tp["log"]  # the plan, as announced
     assert relative(tp["losses"], one["losses"]) <= 1e-5
-    for name, tensor in one["weights"].items():  # relative to each tensor's norm: float32 rounding, nothing more
+    # relative to each tensor's norm: float32 rounding, nothing more (a wrong plan differs by O(1)). The sharded matmuls
+    # sum in another order than one process; after AdamW's steps this reached 1.4e-5 for model.1.attn.v_proj.weight on
+    # an AMD EPYC host (torch 2.13 CPU), where earlier hosts stayed under 1e-5
+    for name, tensor in one["weights"].items():
         ours = tp["weights"][name]
         if name.endswith("attn.in_proj_bias"):
             # the key bias has an exactly-zero gradient (softmax ignores a per-row constant); AdamW turns its float
             # noise into full-size steps, so only the query and value biases can be compared
             d = tensor.numel() // 3
             tensor, ours = torch.cat([tensor[:d], tensor[2 * d :]]), torch.cat([ours[:d], ours[2 * d :]])
-        assert float((ours - tensor).norm() / tensor.norm()) <= 1e-5, name
+        assert float((ours - tensor).norm() / tensor.norm()) <= 5e-5, name
 
 
 def test_killed_and_resumed_from_sharded_checkpoints_ends_bitwise_equal(tmp_path):
