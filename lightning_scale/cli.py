@@ -30,6 +30,7 @@ import os
 import sys
 from typing import Any
 
+import yaml
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -40,7 +41,7 @@ from lightning_scale import distributed
 from lightning_scale.callbacks import CostTracker, ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import consolidate_checkpoint
 
-__all__ = ["ScaleCLI", "main"]
+__all__ = ["ScaleCLI", "main", "strategy_names_as_class_paths"]
 
 DEFAULT_CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
     "checkpoint": (ResumableCheckpoint, {"dirpath": "checkpoints"}),
@@ -130,6 +131,62 @@ def _raised_by_lightning_scale(error: BaseException) -> BaseException | None:
     return None
 
 
+_STRATEGY_FLAG = "--trainer.strategy"
+
+
+def strategy_names_as_class_paths(argv: list[str]) -> list[str]:
+    """``argv`` with lightning-scale's strategy names (``--trainer.strategy data_parallel``, or the name in a
+    ``--config`` file) given as their class paths where ``--trainer.strategy.<arg>`` flags follow: jsonargparse takes
+    those after a class path only. The registered names take no arguments, so both forms build one strategy.
+
+    Example:
+        >>> strategy_names_as_class_paths(["--trainer.strategy", "data_parallel", "--trainer.strategy.zero_stage=1"])
+        ['--trainer.strategy', 'lightning_scale.strategies.DataParallelStrategy', '--trainer.strategy.zero_stage=1']
+    """
+    names = {cls.strategy_name: f"lightning_scale.strategies.{cls.__name__}" for cls in _lightning_scale_strategies()}
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        key, inline, value = arg.partition("=")
+        nested_later = any(later.startswith(f"{_STRATEGY_FLAG}.") for later in argv[index + 1 :])
+        if key == _STRATEGY_FLAG and (inline or index + 1 < len(argv)):
+            value = value if inline else argv[index + 1]
+            value = names.get(value, value) if nested_later else value  # a bare name stays a registry name
+            out += [f"{key}={value}"] if inline else [key, value]
+            index += 1 if inline else 2
+            continue
+        if key == "--config" and (inline or index + 1 < len(argv)):
+            path = value if inline else argv[index + 1]
+            out += [arg] if inline else [arg, path]
+            index += 1 if inline else 2
+            named = names.get(_strategy_in_config(path) or "")
+            if named is not None and nested_later:
+                out.append(f"{_STRATEGY_FLAG}={named}")  # the same strategy, now open to --trainer.strategy.<arg>
+            continue
+        out.append(arg)
+        index += 1
+    return out
+
+
+def _lightning_scale_strategies() -> list[type]:
+    from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy, PipelineParallelStrategy
+
+    return [DataParallelStrategy, ModelParallelStrategy, PipelineParallelStrategy]
+
+
+def _strategy_in_config(path: str) -> str | None:
+    """The ``trainer.strategy`` of a config file when it is a name (``None`` otherwise or when it cannot be read:
+    jsonargparse reports an unreadable config itself)."""
+    try:
+        with open(path) as handle:
+            config = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError):
+        return None
+    strategy = (config or {}).get("trainer", {}).get("strategy") if isinstance(config, dict) else None
+    return strategy if isinstance(strategy, str) else None
+
+
 def _consolidate(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="lightning-scale consolidate", description=CONSOLIDATE_DESCRIPTION)
     parser.add_argument("checkpoint", help="sharded checkpoint directory (local path)")
@@ -152,5 +209,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     if os.getcwd() not in sys.path:  # class paths in the current directory, as `python -m` finds them
         sys.path.insert(0, os.getcwd())
-    ScaleCLI(args=argv if explicit else None)  # not kept: its trainer is garbage once the command finished
+    rewritten = strategy_names_as_class_paths(argv)
+    ScaleCLI(args=rewritten if explicit or rewritten != argv else None)  # not kept: garbage once the command finished
     distributed.destroy_process_group()  # a gloo group alive at interpreter exit can abort a finished job (exit -6)

@@ -196,3 +196,31 @@ def test_the_top_level_help_names_consolidate(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     assert "lightning-scale consolidate CHECKPOINT_DIR OUT" in " ".join(capsys.readouterr().out.split())
+
+
+USER_CODE = ["--model=tests.data.user_code.UserMLP", "--data=tests.data.user_code.UserData",
+             '--data.cell={"loader": "torch", "shuffle": "shuffle_true"}', "--cost.price_per_hour=1.5"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("before", "flags", "expected"),
+    [
+        ([], ["--trainer.strategy", "data_parallel", "--trainer.strategy.zero_stage", "1"],
+         ("DataParallelStrategy", "zero_stage", 1)),
+        ([], ["--trainer.strategy=pipeline_parallel", "--trainer.strategy.n_microbatches=4"],
+         ("PipelineParallelStrategy", "n_microbatches", 4)),
+        ([], ["--trainer.strategy", "model_parallel", "--trainer.strategy.min_params_to_shard", "100"],
+         ("ModelParallelStrategy", "min_params_to_shard", 100)),
+        (["--config", "examples/configs/model_parallel.yaml"], ["--trainer.strategy.tensor_parallel_size", "2"],
+         ("ModelParallelStrategy", "tensor_parallel_size", 2)),
+    ],
+    ids=["data_parallel", "pipeline_parallel", "model_parallel", "name-in-a-config-file"],
+)  # fmt: skip
+def test_a_registered_strategy_name_takes_its_arguments_as_flags(tmp_path, before, flags, expected):
+    """The form the README and lightning-scale's own error messages recommend, with a user's module and data."""
+    done = lightning_scale(tmp_path, "fit", *before, *USER_CODE, *flags, "--print_config")
+    assert done.returncode == 0, output(done)[-3000:]
+    strategy = yaml.safe_load(done.stdout)["trainer"]["strategy"]
+    name, argument, value = expected
+    assert strategy["class_path"] == f"lightning_scale.strategies.{name}"
+    assert strategy["init_args"][argument] == value
