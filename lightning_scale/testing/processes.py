@@ -11,7 +11,7 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["descendants", "kill_process_tree"]
+__all__ = ["descendants", "kill_process_tree", "processes_mentioning"]
 
 
 def _parents() -> dict[int, int]:
@@ -43,3 +43,13 @@ def kill_process_tree(pid: int, sig: int = signal.SIGKILL) -> None:
     for target in [pid, *descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
             os.kill(target, sig)
+
+
+def processes_mentioning(path: Path | str) -> list[int]:
+    """Live processes whose command line mentions ``path`` (a job's directory): what a finished job left behind."""
+    found = []
+    for pid in descendants(1):
+        with contextlib.suppress(OSError):  # the process ended while we looked
+            if str(path) in Path(f"/proc/{pid}/cmdline").read_text():
+                found.append(pid)
+    return found

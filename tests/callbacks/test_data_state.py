@@ -11,6 +11,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
+from tests.data.user_code import OwnOrder
 
 
 def rank_state(end_of_epoch: bool) -> dict:
@@ -155,17 +156,6 @@ def fit_on(
     trainer = Trainer(max_steps=3, callbacks=[counter, checkpoint], **tiny_trainer_kwargs)
     trainer.fit(UserMLP(), train_dataloaders=loader)
     return counter
-
-
-class OwnOrder(torch.utils.data.Sampler):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n).tolist())
-
-    def __len__(self) -> int:
-        return self.n
 
 
 def batches_from_a_generator():

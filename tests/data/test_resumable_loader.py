@@ -17,7 +17,7 @@ from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRando
 from lightning_scale._lightning_internals import sampler_in_lightning_wrapper
 from lightning_scale.data import WorkerRNGDataset, WorkerRNGIterableDataset
 from lightning_scale.data.resumable_loader import EpochSeededSampler, make_resumable, run_seed
-from tests.data.user_code import NoisyDataset
+from tests.data.user_code import NoisyDataset, OwnOrder
 
 
 def rebuilt(loader, world_size: int = 1, seed: int = 0):
@@ -96,10 +96,15 @@ def test_the_sampler_inside_lightnings_distributed_wrapper_is_epoch_seeded():
     assert sampler_in_lightning_wrapper(new).epoch == 3  # the wrapper forwards the epoch
 
 
+def _set_epoch(loader, epoch: int) -> None:
+    if callable(getattr(loader.sampler, "set_epoch", None)):  # an iterable dataset's loader has no epoch order
+        loader.sampler.set_epoch(epoch)
+
+
 def positions_after_resume(loader_factory, consumed: int = 3, compared: int = 5):
     """Batches after ``consumed`` of an epoch, uninterrupted and from a new loader that loaded the state there."""
     first = loader_factory()
-    first.sampler.set_epoch(1)
+    _set_epoch(first, 1)
     iterator = iter(first)
     for _ in range(consumed):
         next(iterator)
@@ -108,7 +113,7 @@ def positions_after_resume(loader_factory, consumed: int = 3, compared: int = 5)
     del iterator, first
     torch.manual_seed(99), np.random.seed(99), random.seed(99)  # the resumed process's RNGs start elsewhere
     second = loader_factory()
-    second.sampler.set_epoch(1)
+    _set_epoch(second, 1)
     second.load_state_dict(state)
     iterator = iter(second)
     return expected, [next(iterator) for _ in range(compared)]
@@ -148,17 +153,6 @@ class PlainStream(IterableDataset):
         return iter(range(40))
 
 
-class OwnOrder(Sampler[int]):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n).tolist())
-
-    def __len__(self) -> int:
-        return self.n
-
-
 class MyLoader(DataLoader):
     pass
 
@@ -189,18 +183,7 @@ def test_a_stateful_iterable_dataset_with_augmentation_in_workers_resumes_mid_ep
     def factory():
         return rebuilt(DataLoader(ShardedStream(), batch_size=4, num_workers=2), seed=3).loader
 
-    first = factory()
-    iterator = iter(first)
-    for _ in range(consumed):
-        next(iterator)
-    state = first.state_dict()
-    expected = [next(iterator) for _ in range(5)]
-    del iterator, first
-    torch.manual_seed(99), random.seed(99)
-    second = factory()
-    second.load_state_dict(state)
-    iterator = iter(second)
-    resumed = [next(iterator) for _ in range(5)]
+    expected, resumed = positions_after_resume(factory, consumed)
     assert ids(expected) == ids(resumed)
     assert all(torch.equal(a["x"], b["x"]) for a, b in zip(expected, resumed, strict=True))
 

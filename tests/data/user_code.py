@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, RandomSampler, default_collate
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
@@ -39,6 +39,19 @@ class NoisyDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         noise = 0.05 * torch.randn(16) + float(np.random.normal(0, 0.05)) + random.gauss(0, 0.05)
         return {"x": self.x[index] + noise, "y": self.y[index], "sample_id": index}
+
+
+class OwnOrder(Sampler[int]):
+    """A user's own sampler with no state and no ``set_epoch``: its order after a resume cannot be reproduced."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
 
 
 def jitter_collate(items: list[dict]) -> dict:

@@ -19,7 +19,7 @@ import torch
 
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.testing.exact_resume import _attempt, _job, _traces
-from lightning_scale.testing.processes import descendants, kill_process_tree
+from lightning_scale.testing.processes import kill_process_tree, processes_mentioning
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
@@ -64,17 +64,6 @@ def assert_same_final_weights(job: Path, reference: Path) -> None:
     resumed = torch.load(job / "final_rank0.pt", weights_only=True)
     expected = torch.load(reference / "final_rank0.pt", weights_only=True)
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
-
-
-def processes_mentioning(path: Path) -> list[int]:
-    found = []
-    for pid in descendants(1):
-        try:
-            if str(path) in Path(f"/proc/{pid}/cmdline").read_text():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,6 @@ rank or worker left after any launch.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -27,7 +26,7 @@ import pytest
 import torch
 
 from lightning_scale.testing.exact_resume import ResumeReport, _job, _traces
-from lightning_scale.testing.processes import descendants, kill_process_tree
+from lightning_scale.testing.processes import kill_process_tree, processes_mentioning
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
@@ -142,15 +141,6 @@ def launch(listing: Path, markers: list[Path], log: Path, timeout_s: float = 400
     return process.returncode
 
 
-def leftover_processes(root: Path) -> list[int]:
-    found = []
-    for pid in descendants(1):
-        with contextlib.suppress(OSError):
-            if str(root) in Path(f"/proc/{pid}/cmdline").read_text():
-                found.append(pid)
-    return found
-
-
 def tail(log: Path, lines: int = 60) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
@@ -167,7 +157,7 @@ def matrix(tmp_path_factory) -> dict[str, ResumeReport]:
     outcomes = []
     for _ in range(len(CELLS) + 1):  # each launch ends with one interruption, the last one with every cell done
         outcomes.append(launch(listing, markers, log))
-        assert leftover_processes(root) == [], f"after launch {len(outcomes)}"  # ranks and workers all gone
+        assert processes_mentioning(root) == [], f"after launch {len(outcomes)}"  # ranks and workers all gone
         if outcomes[-1] == 0:
             break
         assert outcomes[-1] in ("killed", 1), f"launch outcomes {outcomes}; log tail:\n{tail(log)}"  # torchrun: 1
