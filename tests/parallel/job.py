@@ -1,6 +1,6 @@
 """One training run of the example transformer under ``ddp``, ``data_parallel`` or ``model_parallel``.
 
-python -m tests.parallel.job CONFIG.json
+python -m tests.parallel.job CONFIG.json     (or several such configs under "runs": tests/jobs.py)
 (config: out, steps, devices, strategy, strategy_kwargs, accumulate, count_allreduce, save_to, resume_from)
 """
 
@@ -22,6 +22,7 @@ from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
 from lightning_scale.data_parallel import training_state_bytes
 from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy
+from tests.jobs import job_configs
 
 
 class Model(CharTransformer):
@@ -61,8 +62,7 @@ class Record(Callback):
         self.allreduce_calls.append(self.calls)
 
 
-def main(config_path: str) -> None:
-    config = json.loads(Path(config_path).read_text())
+def run(config: dict) -> None:
     out = Path(config["out"])
     pl.seed_everything(0, verbose=False)
     record = Record(config.get("count_allreduce", False))
@@ -98,5 +98,6 @@ def main(config_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    for config in job_configs(sys.argv[1]):
+        run(config)
     distributed.destroy_process_group()  # with the trainer out of scope

@@ -1,6 +1,7 @@
 """One training run of StackModel (single process or under torchrun), writing losses and the final full weights.
 
-python -m tests.pipeline.job CONFIG.json     (config: out, steps, strategy kwargs or null, model kwargs, ...)
+python -m tests.pipeline.job CONFIG.json     (config: out, steps, strategy kwargs or null, model kwargs, ...;
+or several such configs under "runs": tests/jobs.py)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.strategies import PipelineParallelStrategy
+from tests.jobs import job_configs
 from tests.pipeline.stack_model import ListModel, StackModel, loader
 
 
@@ -53,8 +55,7 @@ class Losses(Callback):
         self.train.append(float(loss))
 
 
-def main(config_path: str) -> None:
-    config = json.loads(Path(config_path).read_text())
+def run(config: dict) -> None:
     out = Path(config["out"])
     pl.seed_everything(0, verbose=False)
     losses = Losses()
@@ -102,5 +103,6 @@ def main(config_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    for config in job_configs(sys.argv[1]):
+        run(config)
     distributed.destroy_process_group()  # with the trainer out of scope
