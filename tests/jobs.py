@@ -10,11 +10,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+RUN_MARKER = "[tests.jobs] run "
 
 
 def run_json_job(module: str, out: Path, config: dict, devices: int, expect_failure: bool = False) -> dict:
@@ -28,16 +30,26 @@ def run_json_jobs(module: str, out: Path, configs: dict[str, dict], devices: int
     """``run_json_job`` for several configs in one launch: ``{name: result}``, each run's output in ``out/name``."""
     runs = {name: {**config, "out": str(out / name)} for name, config in configs.items()}
     log = _launch(module, out, {"out": str(out), "runs": runs}, devices, expect_failure=False)
-    return {name: _read(out / name, log) for name in configs}
+    return {name: _read(out / name, _run_log(log, name)) for name in configs}
 
 
-def job_configs(config_path: str) -> list[dict]:
-    """For a job module: the run(s) its config file asks for, in order, with their output folders created."""
+def job_configs(config_path: str) -> Iterator[dict]:
+    """For a job module: the run(s) its config file asks for, in order, with their output folders created; each
+    run's log starts with a marker line, so that every run's result holds its own part of the launch's log."""
     config = json.loads(Path(config_path).read_text())
-    runs = list(config["runs"].values()) if "runs" in config else [config]
-    for run in runs:
+    for name, run in config["runs"].items() if "runs" in config else [("", config)]:
         Path(run["out"]).mkdir(parents=True, exist_ok=True)
-    return runs
+        print(f"{RUN_MARKER}{name}", flush=True)
+        yield run
+
+
+def _run_log(log: str, name: str) -> str:
+    """The part of a shared launch's log from the run's first marker to the next run's first marker."""
+    start = log.index(f"{RUN_MARKER}{name}\n")
+    following = [log.find(RUN_MARKER, start + 1)]
+    while following[-1] != -1 and log.startswith(f"{RUN_MARKER}{name}\n", following[-1]):  # the other ranks' markers
+        following.append(log.find(RUN_MARKER, following[-1] + 1))
+    return log[start:] if following[-1] == -1 else log[start : following[-1]]
 
 
 def _launch(module: str, out: Path, config: dict, devices: int, expect_failure: bool) -> str:
@@ -50,14 +62,17 @@ def _launch(module: str, out: Path, config: dict, devices: int, expect_failure: 
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
-        "PYTHONFAULTHANDLER": "1",
-    }  # a crash shows where
-    done = subprocess.run([sys.executable, *runner], env=env, capture_output=True, text=True, timeout=240)
+        "PYTHONFAULTHANDLER": "1",  # a crash shows where
+        "PYTHONUNBUFFERED": "1",  # the log in the order things happened: each run's part follows its marker
+    }
+    done = subprocess.run(
+        [sys.executable, *runner], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240
+    )
     if expect_failure:
         assert done.returncode != 0
     else:
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout + done.stderr
+        assert done.returncode == 0, done.stdout[-6000:]
+    return done.stdout
 
 
 def _read(out: Path, log: str) -> dict:

@@ -11,9 +11,12 @@ from tests.jobs import run_json_job
 STEPS = 8
 
 
+def job_config(devices: int, **config) -> dict:
+    return {"steps": STEPS, "devices": devices, "strategy": "data_parallel", **config}
+
+
 def run_job(tmp_path: Path, name: str, devices: int = 2, expect_failure: bool = False, **config) -> dict:
-    config = {"steps": STEPS, "devices": devices, "strategy": "data_parallel", **config}
-    return run_json_job("tests.parallel.job", tmp_path / name, config, devices, expect_failure)
+    return run_json_job("tests.parallel.job", tmp_path / name, job_config(devices, **config), devices, expect_failure)
 
 
 def relative(a: list[float], b: list[float]) -> float:

@@ -9,18 +9,16 @@ from lightning_scale.checkpoint import CheckpointStore
 from lightning_scale.checkpoint.manifest import read_manifest
 from lightning_scale.testing import assert_exact_resume
 from tests import factories
-from tests.parallel.helpers import STEPS, relative, run_job
+from tests.jobs import run_json_jobs
+from tests.parallel.helpers import STEPS, job_config, relative
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 
 def test_zero_stage_1_matches_stock_ddp_with_a_shard_of_the_optimizer_state_and_accumulates_without_all_reduce(
-    tmp_path, stock_ddp
+    tmp_path, two_processes, stock_ddp, checkpoints
 ):
-    ckpt = tmp_path / "zero.ckpt"
-    zero = run_job(
-        tmp_path, "zero", strategy_kwargs={"zero_stage": 1}, accumulate=2, count_allreduce=True, save_to=str(ckpt)
-    )
+    ckpt, zero = checkpoints / "zero", two_processes["zero"]
     assert len(zero["losses"]) == 2 * STEPS and relative(zero["losses"], stock_ddp["losses"]) <= 1e-5
     # accumulating batches make no all-reduce call; the batch that steps reduces once per gradient bucket
     calls = [b - a for a, b in zip([0, *zero["allreduce_calls"]], zero["allreduce_calls"], strict=False)]
@@ -32,19 +30,15 @@ def test_zero_stage_1_matches_stock_ddp_with_a_shard_of_the_optimizer_state_and_
     # the consolidated state resumes on one process, sharded (zero 1 on a world of 1) or not
     saved = torch.load(ckpt, weights_only=True)["optimizer_states"][0]["state"]
     expected = float(sum(t.double().sum() for per in saved.values() for name, t in per.items() if name != "step"))
-    for kwargs in ({"zero_stage": 1}, {"zero_stage": 0}):
-        one = run_job(tmp_path, f"one-{kwargs['zero_stage']}", devices=1, strategy_kwargs=kwargs,
-                      steps=STEPS + 1, resume_from=str(ckpt))  # fmt: skip
+    resume = {"steps": STEPS + 1, "resume_from": str(ckpt)}
+    runs = {f"zero-{stage}": job_config(1, strategy_kwargs={"zero_stage": stage}, **resume) for stage in (1, 0)}
+    for one in run_json_jobs("tests.parallel.job", tmp_path, runs, devices=1).values():
         assert one["restored_state_sum"] == pytest.approx(expected, rel=1e-12)
         assert len(one["losses"]) == 1  # and it trains on
 
 
-def test_fp16_and_powersgd_compression_act_on_cpu_and_stay_close_to_uncompressed(tmp_path, stock_ddp):
-    fp16 = run_job(tmp_path, "fp16", strategy_kwargs={"grad_compression": "fp16"}, accumulate=2)
-    powersgd = run_job(
-        tmp_path, "powersgd", accumulate=2,
-        strategy_kwargs={"grad_compression": "powersgd", "powersgd_rank": 2, "powersgd_warmup_steps": 2},
-    )  # fmt: skip
+def test_fp16_and_powersgd_compression_act_on_cpu_and_stay_close_to_uncompressed(two_processes, stock_ddp):
+    fp16, powersgd = two_processes["fp16"], two_processes["powersgd"]
     for compressed in (fp16, powersgd):  # the hook is in effect (Lightning's own ddp_comm_hook is not, on CPU) ...
         assert compressed["weights"]["model.3.out.weight"].ne(stock_ddp["weights"]["model.3.out.weight"]).any()
     assert relative(fp16["losses"], stock_ddp["losses"]) <= 1e-5  # ... and fp16 is close (measured 2e-7)
@@ -52,9 +46,9 @@ def test_fp16_and_powersgd_compression_act_on_cpu_and_stay_close_to_uncompressed
     assert powersgd["losses"][-1] < powersgd["losses"][0]  # low-rank updates still train
 
 
-def test_bf16_compression_runs_on_gloo_within_a_looser_tolerance(tmp_path, stock_ddp):
+def test_bf16_compression_runs_on_gloo_within_a_looser_tolerance(two_processes, stock_ddp):
     """DDP refuses torch's bf16 hook off NCCL by name; lightning-scale runs the same computation on gloo."""
-    bf16 = run_job(tmp_path, "bf16", strategy_kwargs={"grad_compression": "bf16"}, accumulate=2)
+    bf16 = two_processes["bf16"]
     assert (
         bf16["weights"]["model.3.out.weight"].ne(stock_ddp["weights"]["model.3.out.weight"]).any()
     )  # compressed for real

@@ -15,11 +15,10 @@ from lightning_scale.testing import assert_exact_resume
 from lightning_scale.testing.exact_resume import _attempt, _job
 from tests import factories
 from tests.multiprocess.test_spot_preemption import base_config
+from tests.parallel.conftest import FSDP
 from tests.parallel.helpers import STEPS, relative, run_job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
-
-FSDP = {"min_params_to_shard": 1000}
 
 
 def optimizer_state_sum(checkpoint: dict) -> float:
@@ -28,10 +27,9 @@ def optimizer_state_sum(checkpoint: dict) -> float:
 
 
 def test_fsdp2_matches_stock_ddp_in_half_the_memory_and_its_sharded_checkpoint_resumes_on_one_process(
-    tmp_path, stock_ddp
+    tmp_path, two_processes, stock_ddp, checkpoints
 ):
-    ckpt = tmp_path / "sharded.ckpt"
-    fsdp = run_job(tmp_path, "fsdp", strategy="model_parallel", strategy_kwargs=FSDP, accumulate=2, save_to=str(ckpt))
+    ckpt, fsdp = checkpoints / "fsdp", two_processes["fsdp"]
     assert relative(fsdp["losses"], stock_ddp["losses"]) <= 1e-5
     ddp_bytes = sum(stock_ddp["memory"][0].values())  # parameters + gradients + optimizer state, per rank
     assert max(sum(rank.values()) for rank in fsdp["memory"]) <= 0.6 * ddp_bytes
@@ -58,13 +56,11 @@ def test_a_one_process_checkpoint_resumes_on_two(tmp_path):
     assert len(one["losses"]) == STEPS and len(two["losses"]) == 1
 
 
-@pytest.mark.parametrize("linear_attention", [False, True], ids=["mlps", "mlps-and-attention-heads"])
-def test_tensor_parallel_matches_one_process(tmp_path, linear_attention):
+@pytest.mark.parametrize("model", ["tp-mlps", "tp-mlps-and-attention-heads"])
+def test_tensor_parallel_matches_one_process(two_processes, one_process, model):
     """tp=2, dp=1: both ranks hold one model replica, so they read the same batches as one process does."""
-    one = run_job(tmp_path, "one", devices=1, strategy="ddp", accumulate=2, linear_attention=linear_attention)
-    tp = run_job(tmp_path, "tp", strategy="model_parallel", strategy_kwargs={"tensor_parallel_size": 2}, accumulate=2,
-                 linear_attention=linear_attention)  # fmt: skip
-    if linear_attention:
+    one, tp = one_process[model], two_processes[model]
+    if model == "tp-mlps-and-attention-heads":
         assert "model.1.attn.q_proj" in tp["log"] and "model.1.attn.o_proj" in tp["log"]  # the plan, as announced
     assert relative(tp["losses"], one["losses"]) <= 1e-5
     # relative to each tensor's norm: float32 rounding, nothing more (a wrong plan differs by O(1)). The sharded matmuls
@@ -146,8 +142,8 @@ def test_a_spot_notice_on_one_rank_saves_exits_and_torchrun_restarts_it_to_the_s
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
 
 
-def test_a_users_configure_model_wins_over_the_automatic_policy(tmp_path, stock_ddp):
-    user = run_job(tmp_path, "user", strategy="model_parallel", accumulate=2, user_configure_model=True)
+def test_a_users_configure_model_wins_over_the_automatic_policy(two_processes, stock_ddp):
+    user = two_processes["user"]
     assert "user configure_model ran on rank 0" in user["log"]
     assert "model_parallel: FSDP2 over" not in user["log"]  # the automatic policy stayed out
     assert relative(user["losses"], stock_ddp["losses"]) <= 1e-5
