@@ -3,6 +3,7 @@
 Importing it registers its strategies with Lightning (``Trainer(strategy="data_parallel")``).
 """
 
+from lightning_scale._warnings import ignore_library_warnings
 from lightning_scale.callbacks import (
     BudgetedEarlyStopping,
     CostTracker,
@@ -16,6 +17,8 @@ from lightning_scale.data import WorkerRNGDataset
 from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy, PipelineParallelStrategy
 
 __version__ = "0.1.0"
+
+ignore_library_warnings()
 
 __all__ = [
     "BudgetedEarlyStopping",

@@ -45,9 +45,10 @@ class CostTracker(Callback):
     Logged metrics: ``cost/usd_total``, ``cost/usd_per_hour``, ``cost/usd_per_step``, ``cost/usd_per_1k_samples``,
     ``cost/projected_usd`` (total at ``max_steps``/``max_epochs`` at the recent rate), ``cost/preemption_waste_usd``,
     ``cost/savings_vs_on_demand_usd`` (what on-demand capacity would have cost for the useful time, minus the
-    bill; needs an on-demand price), ``cost/idle_fraction``, ``cost/hours``; ``cost/usd_at_best_<monitor>`` for each
-    checkpoint monitor; at the end of fit ``rightsizing/peak_memory_gib``, ``rightsizing/memory_capacity_gib``,
-    ``rightsizing/peak_memory_fraction`` and ``rightsizing/busy_fraction`` (busiest rank), with a printed report.
+    bill; only when the price paid differs from a known on-demand price: spot or a discount), ``cost/idle_fraction``,
+    ``cost/hours``; ``cost/usd_at_best_<monitor>`` for each checkpoint monitor; at the end of fit
+    ``rightsizing/peak_memory_gib``, ``rightsizing/memory_capacity_gib``, ``rightsizing/peak_memory_fraction`` and
+    ``rightsizing/busy_fraction`` (busiest rank), with a printed report.
 
     Args:
         price_per_hour: USD per hour of ONE node (>= 0); or use ``provider`` + ``instance_type``.
@@ -128,7 +129,7 @@ class CostTracker(Callback):
 
     def _new_meter(self, trainer: pl.Trainer) -> None:
         nodes = self.num_nodes or trainer.num_nodes
-        on_demand = self.pricing.node_on_demand_usd_per_hour
+        on_demand = self.pricing.node_savings_baseline_usd_per_hour
         kwargs: dict[str, Any] = {} if self.clock is None else {"clock": self.clock}
         self.meter = CostMeter(
             usd_per_hour=self.pricing.node_usd_per_hour * nodes,
@@ -277,14 +278,14 @@ class CostTracker(Callback):
         return self.meter is not None and self.meter.running and not trainer.sanity_checking
 
     def _log(self, pl_module: pl.LightningModule, report: CostReport, on_step: bool) -> None:
-        # one value per hook call, so the step or epoch aggregate is the value right now
+        # one value per hook call, so the step or epoch aggregate is the value right now. Every rank bills the same
+        # job on its own clock: at validation the logged value is their mean (one all-reduce per metric, as Lightning
+        # asks of epoch-level metrics in a distributed run); per step each rank logs its own, without a collective
+        options = {"on_step": on_step, "on_epoch": not on_step, "batch_size": 1, "sync_dist": not on_step}
         metrics = report.metrics()
-        pl_module.log_dict(metrics, on_step=on_step, on_epoch=not on_step, batch_size=1)
+        pl_module.log_dict(metrics, **options)
         if self.progress_bar:
-            usd = metrics["cost/usd_total"]
-            pl_module.log(
-                "cost/usd", usd, on_step=on_step, on_epoch=not on_step, prog_bar=True, logger=False, batch_size=1
-            )
+            pl_module.log("cost/usd", metrics["cost/usd_total"], prog_bar=True, logger=False, **options)
 
     def _batch_size(self, batch: Any) -> int:
         try:

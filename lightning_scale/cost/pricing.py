@@ -19,6 +19,13 @@ class Pricing:
     source: str
     row: InstancePrice | None = None
 
+    @property
+    def node_savings_baseline_usd_per_hour(self) -> float | None:
+        """The on-demand price that savings are measured against: ``None`` when it is unknown or is the price paid
+        (savings against the same price would only be minus the preemption waste, which is logged on its own)."""
+        on_demand = self.node_on_demand_usd_per_hour
+        return None if on_demand is None or on_demand == self.node_usd_per_hour else on_demand
+
     def describe(self, num_nodes: int) -> dict[str, object]:
         """Flat ``cost/...`` fields for a tracker's run config."""
         fields: dict[str, object] = {

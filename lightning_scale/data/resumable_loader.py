@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -167,9 +166,7 @@ def make_resumable(
         )
     else:
         kwargs.update(batch_sampler=loader.batch_sampler)  # a custom one: kept as given
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata calls a deprecated torch API
-        rebuilt = StatefulDataLoader(dataset, **kwargs)
+    rebuilt = StatefulDataLoader(dataset, **kwargs)
     log.debug("%s rebuilt as a StatefulDataLoader (sampler %s)", name, type(rebuilt.sampler).__name__)
     return ResumableLoader(rebuilt, problems)
 

@@ -365,14 +365,15 @@ class PipelineParallelStrategy(DDPStrategy):
     def validation_step(self, *args: Any, **kwargs: Any) -> Tensor:
         with self.precision_plugin.val_step_context():
             loss, size = self._run("eval", args[0])
-        self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=size)
+        # every stage holds its replica's loss; the epoch value is the mean over replicas
+        self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
         return loss
 
     @override
     def test_step(self, *args: Any, **kwargs: Any) -> Tensor:
         with self.precision_plugin.test_step_context():
             loss, size = self._run("eval", args[0])
-        self.lightning_module.log("test_loss", loss, batch_size=size)
+        self.lightning_module.log("test_loss", loss, batch_size=size, sync_dist=True)
         return loss
 
     @override

@@ -37,6 +37,21 @@ def test_a_spot_price_per_hour_has_no_on_demand_price_unless_given():
     assert (pricing.node_usd_per_hour, pricing.node_on_demand_usd_per_hour, pricing.spot) == (1.0, 3.0, True)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "baseline"),
+    [
+        ({"price_per_hour": 1.0}, None),  # on-demand: nothing saved against itself
+        ({"provider": "aws", "instance_type": "g5.xlarge"}, None),
+        ({"price_per_hour": 1.0, "spot": True}, None),  # unknown
+        ({"price_per_hour": 1.0, "spot": True, "on_demand_price_per_hour": 3.0}, 3.0),
+        ({"price_per_hour": 1.0, "on_demand_price_per_hour": 3.0}, 3.0),  # a discount that is not spot
+        ({"provider": "gcp", "instance_type": "a2-highgpu-8g", "spot": True}, 29.38708),
+    ],
+)
+def test_savings_are_measured_only_against_an_on_demand_price_other_than_the_one_paid(kwargs, baseline):
+    assert _resolve(**kwargs).node_savings_baseline_usd_per_hour == baseline
+
+
 def test_an_explicit_on_demand_price_wins_over_price_per_hour():
     assert _resolve(price_per_hour=1.0, on_demand_price_per_hour=3.0).node_on_demand_usd_per_hour == 3.0
 

@@ -49,7 +49,7 @@ def test_cost_totals_continue_across_a_sigkill_and_resume(tmp_path):
     assert cost["cost/preemption_waste_usd"] == 2.0  # the lost interval times the price
     assert cost["cost/hours"] == 1.75
     assert cost["cost/usd_per_step"] == 14.0 / 12
-    assert cost["cost/savings_vs_on_demand_usd"] == -2.0  # an uninterrupted on-demand run would not have lost it
+    assert "cost/savings_vs_on_demand_usd" not in cost  # an on-demand price: nothing saved against itself
 
 
 def wandb_runs(wandb_dir: Path) -> list[Path]:
