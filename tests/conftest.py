@@ -9,9 +9,16 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
+from lightning_scale._warnings import ignore_library_warnings
 from tests.faulty_fs import FaultyFileSystem
 
 _SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest restores the warning filters it saw at start-up around every collection and test, so the filters that
+    # importing lightning_scale installs (during collection) would not last: install them first, as a user's run has
+    ignore_library_warnings()
 
 
 @pytest.fixture(autouse=True)

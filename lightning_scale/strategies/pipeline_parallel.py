@@ -13,7 +13,7 @@ import torch
 import torch.distributed.pipelining as pipelining
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.optim import Optimizer
@@ -21,6 +21,7 @@ from typing_extensions import override
 
 from lightning_scale import distributed
 from lightning_scale.pipeline.clipping import clip_grad_norm_across_
+from lightning_scale.pipeline.layout import checked_stack
 from lightning_scale.pipeline.materialize import is_meta, materialize_
 from lightning_scale.pipeline.split import LOOPED, V_SHAPE, StagePlan, plan_stages
 
@@ -50,6 +51,9 @@ class PipelineParallelStrategy(DDPStrategy):
 
     - ``pipeline_loss_fn(output, target) -> Tensor``: the loss of one microbatch, computed on the last stage;
     - ``pipeline_split_batch(batch) -> (inputs, target)`` (optional; default: a batch ``(inputs, target)``).
+
+    Every trainable parameter must be inside the stack (an embedding as its first block, a head as its last): one
+    outside would stay untrained, so it is refused before training, naming the parameters and a stack that holds them.
 
     Before the optimizers are built, the stack is split into ``pipeline_size x stages_per_rank`` stages balanced by
     parameter count; each rank keeps only its blocks, under their original names, so ``configure_optimizers`` sees
@@ -194,11 +198,12 @@ class PipelineParallelStrategy(DDPStrategy):
         clip_grad_norm_across_(parameters, clip_val, lambda t: distributed.all_reduce_sum_(t, group=group))
 
     def _split(self, pl_module: pl.LightningModule) -> None:
-        stack = getattr(pl_module, self.module, None)
-        if stack is None:
-            raise ValueError(
-                f"{type(pl_module).__name__} has no attribute {self.module!r} holding the stack of blocks to split; "
-                "set PipelineParallelStrategy(module=...) (--trainer.strategy.module) to its name."
+        stack, frozen_outside = checked_stack(pl_module, self.module)
+        if frozen_outside:
+            rank_zero_warn(
+                f"pipeline_parallel: frozen parameters outside {self.module!r} ({', '.join(frozen_outside[:6])}) are "
+                "not part of the pipeline's forward, which runs the stack only; put their modules into the stack if "
+                "forward() uses them."
             )
         if not callable(getattr(pl_module, "pipeline_loss_fn", None)):
             raise ValueError(

@@ -21,7 +21,7 @@ from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.strategies import PipelineParallelStrategy
 from tests.jobs import job_configs
-from tests.pipeline.stack_model import ListModel, StackModel, loader
+from tests.pipeline.stack_model import ListModel, StackModel, TokenModel, loader
 
 
 class CrashOnce(Callback):
@@ -88,10 +88,12 @@ def run(config: dict) -> None:
         precision=config.get("precision", "32-true"),
     )
     with trainer.init_module(empty_init=True) if config.get("meta_init") else nullcontext():
-        model = (ListModel if config.get("module_list") else StackModel)(**config.get("model", {}))
+        model_class = TokenModel if config.get("tokens") else ListModel if config.get("module_list") else StackModel
+        model = model_class(**config.get("model", {}))
     batch_size = config.get("batch_size", 16)
-    val = loader(batch_size, drop_last=False, n=40) if config.get("limit_val_batches") else None
-    train = loader(batch_size, drop_last=config.get("drop_last", True), n=config.get("n", 256))
+    tokens = config.get("tokens", False)
+    val = loader(batch_size, drop_last=False, n=40, tokens=tokens) if config.get("limit_val_batches") else None
+    train = loader(batch_size, drop_last=config.get("drop_last", True), n=config.get("n", 256), tokens=tokens)
     trainer.fit(model, train_dataloaders=train, val_dataloaders=val)
     weights = trainer.strategy.lightning_module_state_dict()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

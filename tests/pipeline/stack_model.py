@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-IN, OUT = 8, 4
+IN, OUT, VOCAB = 8, 4, 16
 
 
 class StackModel(LightningModule):
@@ -50,15 +50,16 @@ class StackModel(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
 
-def dataset(n: int = 256, seed: int = 0) -> TensorDataset:
+def dataset(n: int = 256, seed: int = 0, tokens: bool = False) -> TensorDataset:
+    """``n`` rows of IN features (or, with ``tokens``, IN token ids < VOCAB) and a class < OUT each."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, IN, generator=generator)
     y = (x[:, :OUT].argmax(dim=1) + (x[:, -1] > 1).long()) % OUT
-    return TensorDataset(x, y)
+    return TensorDataset(((x + 2) * VOCAB / 4).clamp(0, VOCAB - 1).long() if tokens else x, y)
 
 
-def loader(batch_size: int = 16, drop_last: bool = True, n: int = 256) -> StatefulDataLoader:
-    return StatefulDataLoader(dataset(n), batch_size=batch_size, shuffle=False, drop_last=drop_last)
+def loader(batch_size: int = 16, drop_last: bool = True, n: int = 256, tokens: bool = False) -> StatefulDataLoader:
+    return StatefulDataLoader(dataset(n, tokens=tokens), batch_size=batch_size, shuffle=False, drop_last=drop_last)
 
 
 class StackData(LightningDataModule):
@@ -87,3 +88,17 @@ class ListModel(StackModel):
         for block in self.blocks:
             x = block(x)
         return x
+
+
+class MeanOverTokens(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=1)
+
+
+class TokenModel(StackModel):
+    """A language-model layout in one stack: an embedding first, the blocks, pooling and a head last (token ids in)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        width, blocks = self.hparams.width, list(self.model.children())[1:-1]
+        self.model = nn.Sequential(nn.Embedding(VOCAB, width), *blocks, MeanOverTokens(), nn.Linear(width, OUT))

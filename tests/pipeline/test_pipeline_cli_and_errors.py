@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import Trainer
 from torch import nn
 
 from lightning_scale.strategies import PipelineParallelStrategy
-from tests.pipeline.stack_model import StackModel, loader
+from tests.pipeline.stack_model import IN, OUT, VOCAB, StackModel, loader
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--trainer.accelerator=cpu", "--trainer.max_steps=4", "--trainer.logger=false",
@@ -65,7 +66,12 @@ class NoStack(StackModel):
     ("model", "strategy", "message"),
     [
         (NoLoss(), {}, r"needs pipeline_loss_fn\(output, target\)"),
-        (StackModel(), {"module": "net"}, r"has no attribute 'net'.*PipelineParallelStrategy\(module=\.\.\.\)"),
+        (
+            StackModel(),
+            {"module": "net"},
+            r"has no attribute 'net'.*self\.net = nn\.Sequential\(\*self\.model\); or "
+            r"name the stack .* PipelineParallelStrategy\(module=\.\.\.\)",
+        ),
         (NoStack(), {}, r"splits an nn.Sequential or nn.ModuleList of blocks; got Linear"),
         (StackModel(depth=1), {"stages_per_rank": 4, "schedule": "interleaved_1f1b"}, r"3 blocks, fewer than"),
     ],
@@ -76,6 +82,77 @@ def test_a_model_the_strategy_cannot_split_is_refused_before_training(tmp_path, 
                       logger=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
     with pytest.raises(ValueError, match=message):
         trainer.fit(model, train_dataloaders=loader())
+
+
+class Preprocessed(StackModel):
+    """A user's module: a pre-processing layer in front of the stack it defines as ``model``."""
+
+    def __init__(self):
+        super().__init__()
+        stack = self.model
+        del self.model
+        self.pre = nn.Linear(IN, IN)  # defined before the stack, as forward() uses them
+        self.model = stack
+
+    def forward(self, x):
+        return self.model(self.pre(x))
+
+
+class FrozenPreprocessing(Preprocessed):
+    def __init__(self):
+        super().__init__()
+        self.pre.requires_grad_(False)
+
+
+class EmbeddingBlocksHead(StackModel):
+    """A usual language-model layout: an embedding and a head around an nn.ModuleList of blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.blocks = nn.ModuleList(list(self.model.children())[1:-1])
+        self.head = nn.Linear(32, OUT)
+        del self.model
+
+
+class FeaturesClassifier(StackModel):
+    """A usual vision layout: ``features`` and ``classifier``, no single stack."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(*list(self.model.children())[:-1])
+        self.classifier = nn.Linear(32, OUT)
+        del self.model
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy", "message"),
+    [
+        (Preprocessed(), {}, r"trainable parameters are outside it: pre\.weight, pre\.bias\. .*"
+                             r"self\.model = nn\.Sequential\(self\.pre, \*self\.model\)"),
+        (EmbeddingBlocksHead(), {"module": "blocks"},
+         r"outside it: embed\.weight, head\.weight, head\.bias\. .* an embedding first, a head last.*"
+         r"self\.blocks = nn\.Sequential\(self\.embed, \*self\.blocks, self\.head\)"),
+        (FeaturesClassifier(), {}, r"has no attribute 'model'.*embedding and head included.*"
+                                   r"self\.model = nn\.Sequential\(\*self\.features, self\.classifier\)"),
+    ],
+    ids=["pre-processing-layer", "embedding-and-head-around-a-module-list", "features-and-classifier"],
+)  # fmt: skip
+def test_a_network_not_all_in_the_stack_is_refused_with_the_layout_that_works(tmp_path, model, strategy, message):
+    trainer = Trainer(accelerator="cpu", devices=1, strategy=PipelineParallelStrategy(**strategy), max_steps=1,
+                      logger=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(model, train_dataloaders=loader())
+
+
+def test_frozen_parameters_outside_the_stack_train_the_stack_with_a_warning(tmp_path):
+    model = FrozenPreprocessing()
+    before = model.pre.weight.clone()
+    trainer = Trainer(accelerator="cpu", devices=1, strategy=PipelineParallelStrategy(), max_steps=2, logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False, default_root_dir=tmp_path)  # fmt: skip
+    with pytest.warns(UserWarning, match=r"frozen parameters outside 'model' \(pre\.weight, pre\.bias\)"):
+        trainer.fit(model, train_dataloaders=loader())
+    assert torch.equal(model.pre.weight, before) and trainer.global_step == 2
 
 
 def test_one_process_runs_the_whole_pipeline_as_one_stage(tmp_path):

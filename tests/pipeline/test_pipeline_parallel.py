@@ -61,6 +61,7 @@ def single(tmp_path_factory) -> dict[str, dict]:
     """The single-process runs the pipelines are compared with, one after another in one launch."""
     runs = {"reference": {"predict": True}, "accumulation": ACCUMULATION, "ragged": RAGGED, "bf16": BF16}
     runs["meta"] = {**META, "pipeline": ONE_F_ONE_B}  # a pipeline of one stage
+    runs["tokens"] = {"tokens": True}
     configs = {name: job_config(1, **run) for name, run in runs.items()}
     return run_json_jobs("tests.pipeline.job", tmp_path_factory.mktemp("single"), configs, devices=1)
 
@@ -83,6 +84,7 @@ def two_stages(tmp_path_factory) -> dict[str, dict]:
         "bf16": {**BF16, "pipeline": {"n_microbatches": 4}},
         "meta": {**META, "pipeline": ONE_F_ONE_B},
         "module_list": {"module_list": True, "pipeline": {**ONE_F_ONE_B, "module": "blocks"}},
+        "tokens": {"tokens": True, "pipeline": ONE_F_ONE_B},
     }
     configs = {name: job_config(2, **run) for name, run in runs.items()}
     return run_json_jobs("tests.pipeline.job", tmp_path_factory.mktemp("two-stages"), configs, devices=2)
@@ -190,6 +192,12 @@ def test_a_module_list_of_blocks_splits_like_a_sequential(two_stages, reference)
     result = two_stages["module_list"]
     renamed = {key.replace("blocks.", "model.", 1): value for key, value in result["weights"].items()}
     assert_close({**result, "weights": renamed}, reference)  # the same network, the same training
+
+
+def test_an_embedding_first_and_a_head_last_in_the_stack_train_like_one_process(two_stages, single):
+    """The layout the refusal of parameters outside the stack recommends: token ids into the first stage."""
+    assert_close(two_stages["tokens"], single["tokens"])
+    assert "stage 0 on pipeline rank 0: blocks 0..3" in two_stages["tokens"]["log"]  # the embedding's stage
 
 
 def test_a_model_built_on_the_meta_device_trains_the_same_on_two_stages_as_on_one(two_stages, single):
