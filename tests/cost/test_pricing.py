@@ -107,7 +107,12 @@ def test_an_explicit_on_demand_price_wins_over_the_catalog():
 
 def test_spot_from_a_catalog_row_without_a_spot_price_raises_naming_price_per_hour():
     with pytest.raises(PriceCatalogError, match=r"no spot price.*price_per_hour"):
-        _resolve(provider="aws", instance_type="p4d.24xlarge", spot=True)
+        _resolve(provider="aws", instance_type="p5.4xlarge", spot=True)
+
+
+def test_a_catalog_row_spot_price_for_the_usual_aws_gpu_instance():
+    pricing = _resolve(provider="aws", instance_type="g5.xlarge", spot=True)
+    assert (pricing.node_usd_per_hour, pricing.node_on_demand_usd_per_hour) == (0.436, 1.006)
 
 
 def test_an_unknown_instance_type_raises_a_value_error():
