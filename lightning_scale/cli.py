@@ -26,20 +26,25 @@ your own package) are found as with ``python -m``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import Any
+import tempfile
+from pathlib import Path
+from typing import Any, NoReturn
 
 import yaml
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import lightning_scale  # registers the strategies
 from lightning_scale import distributed
 from lightning_scale.callbacks import CostTracker, ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import consolidate_checkpoint
+from lightning_scale.errors import USAGE_ERROR_EXIT_CODE, UsageError
 
 __all__ = ["ScaleCLI", "main", "strategy_names_as_class_paths"]
 
@@ -210,5 +215,56 @@ def main(argv: list[str] | None = None) -> None:
     if os.getcwd() not in sys.path:  # class paths in the current directory, as `python -m` finds them
         sys.path.insert(0, os.getcwd())
     rewritten = strategy_names_as_class_paths(argv)
-    ScaleCLI(args=rewritten if explicit or rewritten != argv else None)  # not kept: garbage once the command finished
-    distributed.destroy_process_group()  # a gloo group alive at interpreter exit can abort a finished job (exit -6)
+    earlier = _usage_error_of_an_earlier_attempt()
+    if earlier is not None:  # torchrun restarts failed workers whatever their exit code: end this attempt at once
+        _exit_on_usage_error(f"{earlier} (the same usage error stopped this torchrun job's first attempt)")
+    try:
+        ScaleCLI(args=rewritten if explicit or rewritten != argv else None)  # not kept: garbage once finished
+    except Exception as error:
+        usage = _usage_error_in(error)
+        if usage is None:
+            raise
+        _remember_for_later_attempts(str(usage))
+        _exit_on_usage_error(str(usage))
+    finally:
+        distributed.destroy_process_group()  # a gloo group alive at interpreter exit can abort the process (exit -6)
+
+
+def _usage_error_in(error: BaseException | None) -> BaseException | None:
+    """``error`` or the exception it was raised from or during, if it is a :class:`UsageError`."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, UsageError):
+            return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+def _exit_on_usage_error(message: str) -> NoReturn:
+    """One short report on rank 0 (every rank found the same), then :data:`USAGE_ERROR_EXIT_CODE` on every rank."""
+    if rank_zero_only.rank == 0:
+        print(f"lightning-scale: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(USAGE_ERROR_EXIT_CODE)
+
+
+def _attempt_marker() -> Path | None:
+    """Where a torchrun job's attempts leave a usage error for the next one on this node: named by the run id and
+    the torchrun agent's process (the workers' parent), so a new torchrun command never reads an old one."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None or os.environ.get("TORCHELASTIC_RESTART_COUNT") is None:
+        return None
+    return Path(tempfile.gettempdir()) / f"lightning-scale-usage-error-{run_id}-{os.getppid()}.txt"
+
+
+def _usage_error_of_an_earlier_attempt() -> str | None:
+    marker = _attempt_marker()
+    if marker is None or os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0" or not marker.exists():
+        return None
+    return marker.read_text()
+
+
+def _remember_for_later_attempts(message: str) -> None:
+    marker = _attempt_marker()
+    if marker is not None:
+        with contextlib.suppress(OSError):  # only a shortcut for the next attempts
+            marker.write_text(message)

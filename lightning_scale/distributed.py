@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from lightning_scale.errors import UsageError
+
 __all__ = [
     "DistributedNotInitializedError",
     "RankFailedError",
@@ -50,6 +52,10 @@ class DistributedNotInitializedError(RuntimeError):
 
 class RankFailedError(RuntimeError):
     """Work that some rank did for the job failed; raised on every rank so that none waits for the others."""
+
+
+class RankFailedUsageError(RankFailedError, UsageError):
+    """A :class:`RankFailedError` whose failure was a usage error on that rank."""
 
 
 def _group_ready() -> bool:
@@ -212,8 +218,13 @@ def destroy_process_group() -> None:
     gc.collect()
 
 
-def _failure(err: Exception) -> str:
-    return f"{type(err).__name__}: {err}"
+def _failure(err: Exception) -> tuple[str, bool]:
+    """What other ranks learn of ``err``: its message, and whether it is a usage error."""
+    return f"{type(err).__name__}: {err}", isinstance(err, UsageError)
+
+
+def _rank_failed(message: str, usage: bool) -> RankFailedError:
+    return (RankFailedUsageError if usage else RankFailedError)(message)
 
 
 def on_rank_zero(fn: Callable[[], T], group: Any = None) -> T:
@@ -231,7 +242,8 @@ def on_rank_zero(fn: Callable[[], T], group: Any = None) -> T:
             outcome, error = (False, _failure(err)), err
     ok, value = broadcast_object(outcome, group=group)
     if not ok:
-        raise RankFailedError(f"rank 0: {value}") from error
+        message, usage = value
+        raise _rank_failed(f"rank 0: {message}", usage) from error
     return value
 
 
@@ -244,9 +256,9 @@ def on_every_rank(fn: Callable[[], T]) -> T:
     except Exception as err:
         error = err
     failures = all_gather_object(None if error is None else _failure(error))
-    failed = [f"rank {r}: {message}" for r, message in enumerate(failures) if message is not None]
+    failed = [(f"rank {r}: {failure[0]}", failure[1]) for r, failure in enumerate(failures) if failure is not None]
     if failed:
-        raise RankFailedError("; ".join(failed)) from error
+        raise _rank_failed("; ".join(message for message, _ in failed), any(usage for _, usage in failed)) from error
     return value
 
 

@@ -19,6 +19,7 @@ from lightning.pytorch import Callback
 
 from examples.char_transformer import CharTransformer
 from lightning_scale.cli import main
+from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
 from tests.wandb_records import history_values, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,3 +243,42 @@ def test_a_default_run_of_a_users_code_logs_no_warning_the_user_cannot_act_on(tm
     assert "`Trainer.fit` stopped: `max_steps=4` reached." in output(done)
     assert "It is recommended to use `self.log(" not in output(done)  # the cost metrics at validation
     assert "set_vital" not in output(done) and "LeafSpec" not in output(done)  # libraries' deprecated calls
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_usage_error_at_fit_start_is_one_short_message_and_exit_code_2(tmp_path):
+    """Found in setup on both ranks of Lightning's own launcher: rank 0 reports it once, without a traceback."""
+    (tmp_path / "a-file").write_text("not a directory")
+    done = lightning_scale(
+        tmp_path, "fit", *USER_CODE, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp",
+        "--trainer.max_steps=2", f"--trainer.default_root_dir={tmp_path}",
+        f"--checkpoint.dirpath={tmp_path / 'a-file'}",
+    )  # fmt: skip
+    assert done.returncode == USAGE_ERROR_EXIT_CODE, output(done)[-4000:]
+    assert "Traceback" not in output(done), output(done)[-4000:]
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("lightning-scale: error:")]
+    assert f"Cannot write checkpoints to dirpath={str(tmp_path / 'a-file')!r}" in line and "(dirpath=...)" in line
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_torchrun_restarts_of_a_usage_error_end_at_once_with_the_same_message(tmp_path):
+    """torchrun restarts failed workers whatever their exit code; the attempts after the first stop before parsing
+    the command further, building the model or joining a process group."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=2",
+        "-m", "lightning_scale", "fit", "--model=tests.pipeline.user_layouts.Preprocessed",
+        "--data=tests.pipeline.stack_model.StackData", "--trainer.accelerator=cpu", "--trainer.devices=2",
+        "--trainer.strategy=pipeline_parallel", "--trainer.max_steps=2", "--cost.price_per_hour=1",
+        f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    reports = [line for line in output(done).splitlines() if line.startswith("lightning-scale: error:")]
+    assert len(reports) == 3, output(done)[-4000:]  # rank 0 of each attempt, once
+    assert "trainable parameters are outside it: pre.weight, pre.bias" in reports[0]
+    assert all(r.endswith("(the same usage error stopped this torchrun job's first attempt)") for r in reports[1:])
+    assert output(done).count("No valid checkpoint in") == 1  # only the first attempt got as far as setup
+    assert 'lightning_scale/strategies/pipeline_parallel.py", line' not in output(done)  # no worker's traceback

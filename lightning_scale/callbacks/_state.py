@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_scale.errors import ConfigurationError
+
 STATE_VERSION = 1
 
 
@@ -14,7 +16,7 @@ def check_state_version(state_dict: dict[str, Any], owner: str, missing: int | N
     """
     version = state_dict.get("version", missing)
     if version != STATE_VERSION:
-        raise ValueError(
+        raise ConfigurationError(
             f"{owner} state has version {version!r}; this lightning-scale reads version {STATE_VERSION}. Resume with "
             "the lightning-scale release that wrote the checkpoint."
         )

@@ -16,6 +16,7 @@ from typing_extensions import override
 from lightning_scale import distributed
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.cost_tracker import CostTracker
+from lightning_scale.errors import ConfigurationError
 
 __all__ = ["BudgetedEarlyStopping"]
 
@@ -81,17 +82,17 @@ class BudgetedEarlyStopping(EarlyStopping):
     ) -> None:
         for name, value in (("max_cost_usd", max_cost_usd), ("max_hours", max_hours)):
             if value is not None and not value > 0:
-                raise ValueError(f"{name}={value} must be > 0; use None for no limit (BudgetedEarlyStopping).")
+                raise ConfigurationError(f"{name}={value} must be > 0; use None for no limit (BudgetedEarlyStopping).")
         if min_improvement_per_usd is not None:
             if not min_improvement_per_usd >= 0:
-                raise ValueError(f"min_improvement_per_usd={min_improvement_per_usd} must be >= 0.")
+                raise ConfigurationError(f"min_improvement_per_usd={min_improvement_per_usd} must be >= 0.")
             if monitor is None:
-                raise ValueError(
+                raise ConfigurationError(
                     "min_improvement_per_usd needs the metric whose improvement is bought: pass monitor= (e.g. "
                     "BudgetedEarlyStopping(monitor='val_loss', min_improvement_per_usd=...))."
                 )
         if window < 1 or check_every_n_steps < 1:
-            raise ValueError(f"window={window} and check_every_n_steps={check_every_n_steps} must be >= 1.")
+            raise ConfigurationError(f"window={window} and check_every_n_steps={check_every_n_steps} must be >= 1.")
         super().__init__(
             monitor=monitor or "",
             min_delta=min_delta,
@@ -123,7 +124,7 @@ class BudgetedEarlyStopping(EarlyStopping):
         super().setup(trainer, pl_module, stage)
         trackers = [cb for cb in trainer.callbacks if isinstance(cb, CostTracker)]
         if not trackers and stage == "fit":
-            raise ValueError(
+            raise ConfigurationError(
                 "BudgetedEarlyStopping counts the cost with the Trainer's CostTracker, and there is none: add "
                 "lightning_scale.callbacks.CostTracker(price_per_hour=...) (a price of 0 works for max_hours only)."
             )

@@ -21,6 +21,7 @@ from lightning_scale._lightning_internals import trainer_logs_this_step
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.cost import CostMeter, CostReport, RightSizingReport, measure_peak_memory, resolve_pricing
 from lightning_scale.cost.wandb_report import log_cost_table, write_pricing_config, write_summary
+from lightning_scale.errors import ConfigurationError
 
 __all__ = ["CostTracker"]
 
@@ -95,9 +96,9 @@ class CostTracker(Callback):
             price_per_hour, provider, instance_type, spot, catalog_path, on_demand_price_per_hour
         )
         if num_nodes is not None and num_nodes < 1:
-            raise ValueError(f"num_nodes={num_nodes} must be >= 1 (CostTracker(num_nodes=...)).")
+            raise ConfigurationError(f"num_nodes={num_nodes} must be >= 1 (CostTracker(num_nodes=...)).")
         if not max_restart_gap_minutes >= 0:
-            raise ValueError(f"max_restart_gap_minutes={max_restart_gap_minutes} must be >= 0.")
+            raise ConfigurationError(f"max_restart_gap_minutes={max_restart_gap_minutes} must be >= 0.")
         self.num_nodes = num_nodes
         self.max_restart_gap_minutes = max_restart_gap_minutes
         self.progress_bar = progress_bar
@@ -121,7 +122,9 @@ class CostTracker(Callback):
         if stage != "fit":
             return
         if trainer.barebones:
-            raise ValueError("CostTracker logs through LightningModule.log, which Trainer(barebones=True) disables.")
+            raise ConfigurationError(
+                "CostTracker logs through LightningModule.log, which Trainer(barebones=True) disables."
+            )
         self._config_written = False
         if self.meter is None or trainer.global_step == 0:  # a second fit on the same Trainer keeps counting
             self._new_meter(trainer)

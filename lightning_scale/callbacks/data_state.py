@@ -29,6 +29,7 @@ from lightning_scale._lightning_internals import (
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.data.resumable_loader import make_resumable, run_seed
 from lightning_scale.data.worker_start import WorkerStartWatchdog
+from lightning_scale.errors import ConfigurationError
 from lightning_scale.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["DataStateCheckpoint"]
@@ -89,7 +90,7 @@ class DataStateCheckpoint(Callback):
         worker_start_timeout_s: float = knobs.WORKER_START_TIMEOUT_S,
     ) -> None:
         if worker_start_timeout_s <= 0:
-            raise ValueError(
+            raise ConfigurationError(
                 f"worker_start_timeout_s={worker_start_timeout_s} must be > 0 (seconds for a training loader's "
                 "workers to deliver their first batch)."
             )
@@ -155,7 +156,7 @@ class DataStateCheckpoint(Callback):
             return
         rank0 = state_dict["rank_0"]
         if not rank0["end_of_epoch"]:
-            raise ValueError(
+            raise ConfigurationError(
                 f"The checkpoint was written by {saved_world} processes in the middle of epoch {rank0['epoch']} "
                 f"(after {rank0['batches_consumed']} batches per rank); resuming it with {world} processes would "
                 f"replay or skip samples. Resume with {saved_world} processes (Trainer devices/num_nodes, or "
@@ -232,7 +233,7 @@ class DataStateCheckpoint(Callback):
         problems = [problem for problem in self._problems if problem]
         self._problems = []
         if problems and self.strict:
-            raise ValueError(
+            raise ConfigurationError(
                 "The training data cannot resume exactly (DataStateCheckpoint(strict=True), "
                 "ResumableCheckpoint(strict_resume=True)):\n- " + "\n- ".join(problems)
             )
@@ -245,7 +246,7 @@ class DataStateCheckpoint(Callback):
             return
         saved = pending["loaders"]
         if saved is not None and len(saved) != len(loaders):
-            raise ValueError(
+            raise ConfigurationError(
                 f"The checkpoint holds data state for {len(saved)} training dataloader(s), this run has "
                 f"{len(loaders)}. Resume with the same train_dataloader() structure that wrote the checkpoint."
             )

@@ -19,6 +19,7 @@ from lightning_scale import distributed
 from lightning_scale._lightning_internals import restore_training_state
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
+from lightning_scale.errors import ConfigurationError
 
 __all__ = ["DivergenceRollback"]
 
@@ -54,11 +55,13 @@ class DivergenceRollback(Callback):
 
     def __init__(self, spike_factor: float | None = 10.0, window: int = 50, max_rollbacks: int = 2) -> None:
         if spike_factor is not None and not spike_factor > 1:
-            raise ValueError(f"spike_factor={spike_factor} must be > 1, or None to watch non-finite losses only.")
+            raise ConfigurationError(
+                f"spike_factor={spike_factor} must be > 1, or None to watch non-finite losses only."
+            )
         if window < 2:
-            raise ValueError(f"window={window} must be >= 2 (DivergenceRollback).")
+            raise ConfigurationError(f"window={window} must be >= 2 (DivergenceRollback).")
         if max_rollbacks < 0:
-            raise ValueError(f"max_rollbacks={max_rollbacks} must be >= 0 (DivergenceRollback).")
+            raise ConfigurationError(f"max_rollbacks={max_rollbacks} must be >= 0 (DivergenceRollback).")
         self.spike_factor = spike_factor
         self.window = window
         self.max_rollbacks = max_rollbacks

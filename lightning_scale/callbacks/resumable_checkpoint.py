@@ -35,8 +35,9 @@ from lightning_scale.checkpoint.background import BackgroundWriter, HostStager
 from lightning_scale.checkpoint.cadence import AutoCadence
 from lightning_scale.checkpoint.manifest import PREVIOUS_SUFFIX, Manifest, find_newest_valid, list_manifests
 from lightning_scale.checkpoint.progress import ProgressMarker, ResumeInfo
-from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
+from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore, UnusableStorageError
 from lightning_scale.checkpoint.writer import CheckpointWriter
+from lightning_scale.errors import ConfigurationError, UsageError
 
 __all__ = ["ResumableCheckpoint"]
 
@@ -145,27 +146,29 @@ class ResumableCheckpoint(ModelCheckpoint):
     ) -> None:
         auto = every_n_minutes == "auto"
         if auto != (mean_time_between_interruptions_hours is not None):
-            raise ValueError(
+            raise ConfigurationError(
                 "every_n_minutes='auto' and mean_time_between_interruptions_hours go together: the interval comes "
                 "from the save cost and that mean time (e.g. ResumableCheckpoint(every_n_minutes='auto', "
                 "mean_time_between_interruptions_hours=6))."
             )
         if auto and not mean_time_between_interruptions_hours > 0:  # type: ignore[operator]
-            raise ValueError(
+            raise ConfigurationError(
                 f"mean_time_between_interruptions_hours={mean_time_between_interruptions_hours} must be > 0."
             )
         if every_n_minutes is not None and not auto and not every_n_minutes > 0:  # type: ignore[operator]
-            raise ValueError(
+            raise ConfigurationError(
                 f"every_n_minutes={every_n_minutes} must be > 0; use None to save on steps or epochs only "
                 "(ResumableCheckpoint(every_n_minutes=...))."
             )
         if keep_last_k is not None and keep_last_k < 1:
-            raise ValueError(
+            raise ConfigurationError(
                 f"keep_last_k={keep_last_k} must be >= 1 so the newest checkpoint survives; use None to keep all "
                 "(ResumableCheckpoint(keep_last_k=...))."
             )
         if filename is not None and "/" in filename:
-            raise ValueError(f"filename={filename!r} must not contain '/'; put directories into dirpath instead.")
+            raise ConfigurationError(
+                f"filename={filename!r} must not contain '/'; put directories into dirpath instead."
+            )
         only_time = every_n_minutes is not None and every_n_train_steps is None and every_n_epochs is None
         super().__init__(
             dirpath=dirpath,
@@ -219,7 +222,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         """The Trainer's ``ResumableCheckpoint``; raises ``ValueError`` naming ``needed_by`` and the fix when none."""
         found = [cb for cb in trainer.callbacks if isinstance(cb, ResumableCheckpoint)]
         if not found:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{needed_by} needs a ResumableCheckpoint among the Trainer's callbacks; add "
                 "lightning_scale.callbacks.ResumableCheckpoint(dirpath=..., every_n_train_steps=...)."
             )
@@ -279,9 +282,9 @@ class ResumableCheckpoint(ModelCheckpoint):
             return
         self._cache = CheckpointStore(self.local_cache_dir)
         if not self._cache.is_local:
-            raise ValueError(f"local_cache_dir={self.local_cache_dir!r} must be a local directory (fast disk).")
+            raise ConfigurationError(f"local_cache_dir={self.local_cache_dir!r} must be a local directory (fast disk).")
         if self._sharded:
-            raise ValueError(
+            raise ConfigurationError(
                 "ResumableCheckpoint(local_cache_dir=...) stages single files on rank 0's disk; sharded checkpoints "
                 "are written by every rank: drop local_cache_dir, or save single files (sharded=False)."
             )
@@ -292,18 +295,18 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._sharded = native if self.sharded is None else self.sharded
         name = type(trainer.strategy).__name__
         if stage == "fit" and native and not self._sharded:
-            raise ValueError(
+            raise ConfigurationError(
                 f"ResumableCheckpoint(sharded=False) writes one file, but {name} shards the state. Use sharded=True "
                 "(the default for it), or save_distributed_checkpoint=False on the strategy to gather the full state "
                 "on rank 0 (--trainer.strategy.save_distributed_checkpoint false)."
             )
         if stage == "fit" and native and self.async_save:
-            raise ValueError(
+            raise ConfigurationError(
                 f"ResumableCheckpoint(async_save=True) writes single files, but {name} shards the state: pass "
                 "save_distributed_checkpoint=False to the strategy, or drop async_save."
             )
         if native and not CheckpointStore(str(self.dirpath)).is_local:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{name} loads sharded checkpoints from local disk only; dirpath={self.dirpath!r} is not local. Use a "
                 "local (or mounted shared) directory, or save_distributed_checkpoint=False on the strategy."
             )
@@ -347,7 +350,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         except distributed.RankFailedError as err:
             if isinstance(err.__cause__, CheckpointStorageError):
                 raise err.__cause__ from err
-            raise CheckpointStorageError(
+            raise (UnusableStorageError if isinstance(err, UsageError) else CheckpointStorageError)(
                 f"{what or 'Checkpoint storage'} failed ({err}) in {self.dirpath}. Earlier checkpoints are untouched; "
                 "check the storage (space, permissions, credentials) and re-run to resume."
             ) from err
@@ -668,7 +671,7 @@ def _check_same_model(manifest: Manifest, module: pl.LightningModule, path: str)
     ]
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise ValueError(
+        raise ConfigurationError(
             f"The newest checkpoint {path} was written by a different model ({shown}). Nothing was loaded or "
             "deleted. Use a new dirpath for a new model, or ResumableCheckpoint(auto_resume=False) to start fresh."
         )

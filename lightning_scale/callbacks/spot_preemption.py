@@ -23,6 +23,7 @@ from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError
 from lightning_scale.data import shield_workers
+from lightning_scale.errors import ConfigurationError
 from lightning_scale.preemption import Notice, NoticeSource, SignalNotice
 
 __all__ = ["SpotPreemption"]
@@ -74,9 +75,11 @@ class SpotPreemption(Callback):
         slurm_requeue: bool = True,
     ) -> None:
         if check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps={check_every_n_steps} must be >= 1 (SpotPreemption).")
+            raise ConfigurationError(f"check_every_n_steps={check_every_n_steps} must be >= 1 (SpotPreemption).")
         if not 1 <= exit_code <= 255:
-            raise ValueError(f"exit_code={exit_code} must be in 1..255; 0 would tell the orchestrator 'finished'.")
+            raise ConfigurationError(
+                f"exit_code={exit_code} must be in 1..255; 0 would tell the orchestrator 'finished'."
+            )
         self.sources: list[NoticeSource] = list(sources) if sources is not None else [SignalNotice()]
         bad = [s for s in self.sources if not isinstance(s, NoticeSource)]
         if bad:

@@ -19,8 +19,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from lightning_scale import knobs
 from lightning_scale.checkpoint.retry import with_retries
+from lightning_scale.errors import UsageError
 
-__all__ = ["CheckpointStorageError", "CheckpointStore"]
+__all__ = ["CheckpointStorageError", "CheckpointStore", "UnusableStorageError"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,10 @@ OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abf
 
 class CheckpointStorageError(OSError):
     """The checkpoint directory cannot be reached, read or written."""
+
+
+class UnusableStorageError(CheckpointStorageError, UsageError):
+    """``dirpath`` cannot hold checkpoints at all (found before training): a usage error, not an outage to retry."""
 
 
 class CheckpointStore:
@@ -95,7 +100,8 @@ class CheckpointStore:
 
     def check_writable(self) -> None:
         """Round-trip a probe file (creating the directory first, but never a bucket), without retries: a wrong
-        ``dirpath`` should fail fast. Raises :class:`CheckpointStorageError` naming the problem and the fix."""
+        ``dirpath`` should fail fast. Raises :class:`UnusableStorageError` naming the problem and the fix, or
+        :class:`CheckpointStorageError` when the storage did not answer."""
         probe = self.path(f".write-probe-{uuid.uuid4().hex}")
         try:
             if not self.is_object_store:  # which have no directories; and a missing bucket is a mistake to report
@@ -106,11 +112,13 @@ class CheckpointStore:
             self._call("rm", probe)
         except Exception as err:
             if isinstance(err, FileNotFoundError) and self.is_object_store:
-                raise CheckpointStorageError(
+                raise UnusableStorageError(
                     f"Cannot write checkpoints to dirpath={self.dirpath!r}: its bucket or container does not exist "
                     f"({err}). Create it first (lightning-scale does not create buckets) or fix the name in dirpath."
                 ) from err
-            raise CheckpointStorageError(
+            # an endpoint that does not answer may be down for a while: a failure to retry, not a usage error
+            unreachable = isinstance(err, (TimeoutError, ConnectionError, FSTimeoutError))
+            raise (CheckpointStorageError if unreachable else UnusableStorageError)(
                 f"Cannot write checkpoints to dirpath={self.dirpath!r} ({type(err).__name__}: {err}). "
                 "Choose a directory or bucket this job can create and write files in (dirpath=...), "
                 "and check credentials and the endpoint for object storage."

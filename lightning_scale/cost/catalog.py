@@ -11,6 +11,8 @@ from datetime import date
 from importlib import resources
 from pathlib import Path
 
+from lightning_scale.errors import ConfigurationError
+
 __all__ = ["InstancePrice", "PriceCatalog", "PriceCatalogError"]
 
 COLUMNS = (
@@ -27,7 +29,7 @@ COLUMNS = (
 )
 
 
-class PriceCatalogError(ValueError):
+class PriceCatalogError(ConfigurationError):
     """A price catalog that cannot be read, or a lookup that it cannot answer."""
 
 

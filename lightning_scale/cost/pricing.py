@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightning_scale.cost.catalog import InstancePrice, PriceCatalog
+from lightning_scale.errors import ConfigurationError
 
 __all__ = ["Pricing", "resolve_pricing"]
 
@@ -66,10 +67,12 @@ def resolve_pricing(
     """
     for name, value in (("price_per_hour", price_per_hour), ("on_demand_price_per_hour", on_demand_price_per_hour)):
         if value is not None and not value >= 0:
-            raise ValueError(f"{name}={value} must be >= 0 USD per hour for one node (CostTracker({name}=...)).")
+            raise ConfigurationError(
+                f"{name}={value} must be >= 0 USD per hour for one node (CostTracker({name}=...))."
+            )
     if price_per_hour is not None:
         if provider is not None or instance_type is not None:
-            raise ValueError(
+            raise ConfigurationError(
                 "Pass either price_per_hour or provider + instance_type (a catalog lookup), not both "
                 f"(got price_per_hour={price_per_hour}, provider={provider!r}, instance_type={instance_type!r})."
             )
@@ -78,7 +81,7 @@ def resolve_pricing(
             on_demand = price_per_hour  # an on-demand price given as price_per_hour
         return Pricing(price_per_hour, on_demand, spot, source="price_per_hour")
     if provider is None or instance_type is None:
-        raise ValueError(
+        raise ConfigurationError(
             "CostTracker needs a price: price_per_hour=<USD per node-hour>, or provider= ('aws', 'gcp', 'azure') and "
             f"instance_type= for the shipped catalog (got provider={provider!r}, instance_type={instance_type!r})."
         )

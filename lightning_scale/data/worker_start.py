@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lightning_scale.errors import ConfigurationError
+
 __all__ = ["STUCK_WORKERS_EXIT_CODE", "WorkerStartWatchdog"]
 
 STUCK_WORKERS_EXIT_CODE = 124
@@ -45,7 +47,9 @@ class WorkerStartWatchdog:
 
     def __init__(self, timeout_s: float, exit_fn: Callable[[int], Any] = os._exit) -> None:
         if timeout_s <= 0:
-            raise ValueError(f"timeout_s={timeout_s} must be > 0 (seconds for DataLoader workers to deliver a batch).")
+            raise ConfigurationError(
+                f"timeout_s={timeout_s} must be > 0 (seconds for DataLoader workers to deliver a batch)."
+            )
         self.timeout_s = timeout_s
         self.exit_fn = exit_fn
         self._condition = threading.Condition()

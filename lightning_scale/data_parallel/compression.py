@@ -18,6 +18,8 @@ import torch
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+from lightning_scale.errors import ConfigurationError
+
 __all__ = [
     "COMPRESSIONS",
     "Compression",
@@ -173,9 +175,9 @@ def bf16_hook(process_group, bucket):  # no annotations: DDP checks them
 def check_powersgd_settings(powersgd_rank: int, powersgd_warmup_steps: int) -> None:
     """Raise ``ValueError`` naming the argument when PowerSGD would reject a setting."""
     if powersgd_rank < 1:
-        raise ValueError(f"powersgd_rank={powersgd_rank} must be >= 1 (--trainer.strategy.powersgd_rank).")
+        raise ConfigurationError(f"powersgd_rank={powersgd_rank} must be >= 1 (--trainer.strategy.powersgd_rank).")
     if powersgd_warmup_steps < 2:
-        raise ValueError(
+        raise ConfigurationError(
             f"powersgd_warmup_steps={powersgd_warmup_steps} must be >= 2: PowerSGD's error feedback starts after "
             "plain all-reduce steps (--trainer.strategy.powersgd_warmup_steps)."
         )
@@ -189,7 +191,7 @@ def compression_hook(
     Raises ``ValueError`` naming the fix for an unknown name or PowerSGD settings it would reject.
     """
     if compression not in COMPRESSIONS:
-        raise ValueError(f"grad_compression={compression!r} is not one of {list(COMPRESSIONS)}.")
+        raise ConfigurationError(f"grad_compression={compression!r} is not one of {list(COMPRESSIONS)}.")
     if compression == "none":
         return None
     if compression == "fp16":

@@ -22,6 +22,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from lightning_scale.errors import ConfigurationError
+
 __all__ = [
     "ShardingPolicyError",
     "apply_fsdp",
@@ -32,7 +34,7 @@ __all__ = [
 ]
 
 
-class ShardingPolicyError(ValueError):
+class ShardingPolicyError(ConfigurationError):
     """The automatic policy found nothing worth sharding in the model."""
 
 

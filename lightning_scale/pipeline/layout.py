@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from lightning_scale.errors import ConfigurationError
+
 __all__ = ["checked_stack"]
 
 _LISTED = 6  # parameter names shown in a message before "and N more"
@@ -16,7 +18,7 @@ def checked_stack(module: nn.Module, attribute: str) -> tuple[nn.Module, list[st
     stack = getattr(module, attribute, None)
     cls = type(module).__name__
     if not isinstance(stack, nn.Module):
-        raise ValueError(
+        raise ConfigurationError(
             f"{cls} has no attribute {attribute!r} holding the stack of blocks to split. pipeline_parallel splits one "
             "nn.Sequential or nn.ModuleList that holds the whole network in the order forward() runs it (embedding "
             f"and head included); each child is a block, a stage a run of consecutive blocks. With {cls}'s parts: "
@@ -29,7 +31,7 @@ def checked_stack(module: nn.Module, attribute: str) -> tuple[nn.Module, list[st
     if trainable:
         owners = {name.split(".", 1)[0] for name in trainable}
         parts = [name for name, child in module.named_children() if name in owners or child is stack]
-        raise ValueError(
+        raise ConfigurationError(
             f"pipeline_parallel trains only {cls}.{attribute}, the stack it splits, but these trainable parameters "
             f"are outside it: {_listed(trainable)}. They would stay untrained, and the pipeline's forward would skip "
             "them. Move their modules into the stack in the order forward() uses them (a block may be any module: an "

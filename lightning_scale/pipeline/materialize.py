@@ -7,6 +7,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from lightning_scale.errors import ConfigurationError
+
 __all__ = ["is_meta", "materialize_"]
 
 
@@ -22,7 +24,7 @@ def _reset(module: nn.Module) -> None:
             continue
         reset = getattr(sub, "reset_parameters", None) or getattr(sub, "_reset_parameters", None)
         if reset is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{type(sub).__name__} ({sub_name or 'the block itself'}) was built on the meta device but has no "
                 "reset_parameters() to initialise it on its pipeline rank; give it one, or build the model without "
                 "Trainer.init_module(empty_init=True)."

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from lightning_scale.errors import ConfigurationError
+
 __all__ = ["StagePlan", "balanced_partition", "plan_stages", "stage_ranks"]
 
 LOOPED = "looped"
@@ -18,7 +20,7 @@ def balanced_partition(sizes: Sequence[int], parts: int) -> list[tuple[int, int]
     """Split ``sizes`` into ``parts`` contiguous, non-empty ranges ``[start, stop)`` minimising the largest sum."""
     n = len(sizes)
     if not 1 <= parts <= n:
-        raise ValueError(f"Cannot split {n} blocks into {parts} non-empty stages.")
+        raise ConfigurationError(f"Cannot split {n} blocks into {parts} non-empty stages.")
     prefix = [0]
     for size in sizes:
         prefix.append(prefix[-1] + size)
@@ -78,14 +80,14 @@ def plan_stages(stack: nn.Module, num_stages: int, pipeline_size: int, style: st
     Raises ``ValueError`` naming the fix when the stack is not a stack or has fewer blocks than stages.
     """
     if not isinstance(stack, (nn.Sequential, nn.ModuleList)):
-        raise ValueError(
+        raise ConfigurationError(
             f"pipeline_parallel splits an nn.Sequential or nn.ModuleList of blocks; got {type(stack).__name__}. Put "
             "the whole network, in order, into one such stack and name its attribute with "
             "PipelineParallelStrategy(module=...)."
         )
     names = [name for name, _ in stack.named_children()]
     if len(names) < num_stages:
-        raise ValueError(
+        raise ConfigurationError(
             f"The stack has {len(names)} blocks, fewer than the {num_stages} stages (pipeline_size x stages_per_rank); "
             "use fewer stages or split the model into more blocks."
         )

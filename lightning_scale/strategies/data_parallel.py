@@ -21,6 +21,7 @@ from lightning_scale.data_parallel import (
     compression_hook,
     shard_optimizer,
 )
+from lightning_scale.errors import ConfigurationError
 
 __all__ = ["DataParallelStrategy"]
 
@@ -71,18 +72,20 @@ class DataParallelStrategy(DDPStrategy):
         **kwargs: Any,
     ) -> None:
         if zero_stage not in (0, 1):
-            raise ValueError(
+            raise ConfigurationError(
                 f"zero_stage={zero_stage!r}: data_parallel shards the optimizer state (1) or not (0); for sharded "
                 "parameters and gradients use strategy='model_parallel' (--trainer.strategy.zero_stage)."
             )
         if grad_compression not in COMPRESSIONS:
-            raise ValueError(
+            raise ConfigurationError(
                 f"grad_compression={grad_compression!r} is not one of {list(COMPRESSIONS)} "
                 "(--trainer.strategy.grad_compression)."
             )
         check_powersgd_settings(powersgd_rank, powersgd_warmup_steps)
         if grad_compression != "none" and kwargs.get("ddp_comm_hook") is not None:
-            raise ValueError("Pass either grad_compression or ddp_comm_hook, not both: each registers a DDP hook.")
+            raise ConfigurationError(
+                "Pass either grad_compression or ddp_comm_hook, not both: each registers a DDP hook."
+            )
         super().__init__(**kwargs)
         self.zero_stage = zero_stage
         self.grad_compression = grad_compression

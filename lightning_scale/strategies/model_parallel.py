@@ -11,6 +11,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_scale import distributed
+from lightning_scale.errors import ConfigurationError
 from lightning_scale.model_parallel import (
     apply_fsdp,
     apply_tensor_parallel,
@@ -63,11 +64,11 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
         **kwargs: Any,
     ) -> None:
         if tensor_parallel_size < 1:
-            raise ValueError(
+            raise ConfigurationError(
                 f"tensor_parallel_size={tensor_parallel_size} must be >= 1 (--trainer.strategy.tensor_parallel_size)."
             )
         if min_params_to_shard < 1:
-            raise ValueError(f"min_params_to_shard={min_params_to_shard} must be >= 1.")
+            raise ConfigurationError(f"min_params_to_shard={min_params_to_shard} must be >= 1.")
         super().__init__(
             data_parallel_size=1,  # set from the world size once it is known
             tensor_parallel_size=tensor_parallel_size,
@@ -82,7 +83,7 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
     def setup_environment(self) -> None:
         self.set_world_ranks()
         if self.world_size % self.tensor_parallel_size:
-            raise ValueError(
+            raise ConfigurationError(
                 f"tensor_parallel_size={self.tensor_parallel_size} does not divide the world size {self.world_size}; "
                 "choose a divisor (--trainer.strategy.tensor_parallel_size), the rest becomes data parallel."
             )

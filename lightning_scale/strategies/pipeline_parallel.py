@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_scale import distributed
+from lightning_scale.errors import ConfigurationError
 from lightning_scale.pipeline.clipping import clip_grad_norm_across_
 from lightning_scale.pipeline.layout import checked_stack
 from lightning_scale.pipeline.materialize import is_meta, materialize_
@@ -103,20 +104,26 @@ class PipelineParallelStrategy(DDPStrategy):
         **kwargs: Any,
     ) -> None:
         if schedule not in SCHEDULES:
-            raise ValueError(f"schedule={schedule!r} is not one of {sorted(SCHEDULES)} (--trainer.strategy.schedule).")
+            raise ConfigurationError(
+                f"schedule={schedule!r} is not one of {sorted(SCHEDULES)} (--trainer.strategy.schedule)."
+            )
         _, default_stages, _, multi = SCHEDULES[schedule]
         stages_per_rank = default_stages if stages_per_rank is None else stages_per_rank
         if n_microbatches < 1:
-            raise ValueError(f"n_microbatches={n_microbatches} must be >= 1 (--trainer.strategy.n_microbatches).")
+            raise ConfigurationError(
+                f"n_microbatches={n_microbatches} must be >= 1 (--trainer.strategy.n_microbatches)."
+            )
         if stages_per_rank < 1 or (not multi and stages_per_rank != 1):
-            raise ValueError(
+            raise ConfigurationError(
                 f"stages_per_rank={stages_per_rank} does not fit schedule={schedule!r}: gpipe and 1f1b run one stage "
                 "per rank; use interleaved_1f1b (or another looped schedule) for virtual stages."
             )
         if schedule == "zbv_zero_bubble" and stages_per_rank != 2:
-            raise ValueError(f"zbv_zero_bubble runs exactly 2 stages per rank (got stages_per_rank={stages_per_rank}).")
+            raise ConfigurationError(
+                f"zbv_zero_bubble runs exactly 2 stages per rank (got stages_per_rank={stages_per_rank})."
+            )
         if pipeline_size is not None and pipeline_size < 1:
-            raise ValueError(f"pipeline_size={pipeline_size} must be >= 1 (--trainer.strategy.pipeline_size).")
+            raise ConfigurationError(f"pipeline_size={pipeline_size} must be >= 1 (--trainer.strategy.pipeline_size).")
         if timeout is not None:
             kwargs["timeout"] = timeout
         super().__init__(process_group_backend=process_group_backend, **kwargs)
@@ -163,7 +170,7 @@ class PipelineParallelStrategy(DDPStrategy):
         )
         super().setup_distributed()
         if self.world_size % self._pp:
-            raise ValueError(
+            raise ConfigurationError(
                 f"pipeline_size={self._pp} does not divide the world size {self.world_size}; choose a divisor "
                 "(--trainer.strategy.pipeline_size), the rest becomes data parallel replicas."
             )
@@ -206,7 +213,7 @@ class PipelineParallelStrategy(DDPStrategy):
                 "forward() uses them."
             )
         if not callable(getattr(pl_module, "pipeline_loss_fn", None)):
-            raise ValueError(
+            raise ConfigurationError(
                 f"{type(pl_module).__name__} needs pipeline_loss_fn(output, target) -> Tensor: the loss of one "
                 "microbatch, computed on the last pipeline stage."
             )
@@ -221,7 +228,7 @@ class PipelineParallelStrategy(DDPStrategy):
         materialize_(((self._plan.names.index(name), block) for name, block in local.named_children()),
                      self.root_device, seed)  # fmt: skip
         if is_meta(pl_module):
-            raise ValueError(
+            raise ConfigurationError(
                 f"{type(pl_module).__name__} has parts on the meta device outside {self.module!r}; build only the "
                 "stack of blocks under Trainer.init_module(empty_init=True), or everything without it."
             )
@@ -291,7 +298,7 @@ class PipelineParallelStrategy(DDPStrategy):
     def _check_divisible(self, size: int) -> None:
         if size % self.n_microbatches:
             divisors = [d for d in range(2, min(size, 64) + 1) if size % d == 0][:4]
-            raise ValueError(
+            raise ConfigurationError(
                 f"n_microbatches={self.n_microbatches} does not divide the batch size {size}; choose a divisor such "
                 f"as {divisors} (--trainer.strategy.n_microbatches), or a batch size that it divides."
             )
@@ -318,7 +325,7 @@ class PipelineParallelStrategy(DDPStrategy):
         elif isinstance(batch, (tuple, list)) and len(batch) == 2:
             inputs, target = batch
         else:
-            raise ValueError(
+            raise ConfigurationError(
                 f"pipeline_parallel cannot tell inputs from target in a batch of type {type(batch).__name__}; define "
                 "pipeline_split_batch(batch) -> (inputs, target) on the LightningModule."
             )
@@ -437,7 +444,7 @@ class PipelineParallelStrategy(DDPStrategy):
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
         states = [state["pipeline_ranks"] for state in checkpoint["optimizer_states"]]
         if any(len(ranks) != self._pp for ranks in states):
-            raise ValueError(
+            raise ConfigurationError(
                 f"The checkpoint's optimizer states come from {len(states[0])} pipeline ranks, this run has "
                 f"{self._pp}; resume with the same pipeline_size, or load only the weights (the unsplit state_dict)."
             )

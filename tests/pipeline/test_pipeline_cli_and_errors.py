@@ -14,7 +14,8 @@ from lightning.pytorch import Trainer
 from torch import nn
 
 from lightning_scale.strategies import PipelineParallelStrategy
-from tests.pipeline.stack_model import IN, OUT, VOCAB, StackModel, loader
+from tests.pipeline.stack_model import StackModel, loader
+from tests.pipeline.user_layouts import EmbeddingBlocksHead, FeaturesClassifier, FrozenPreprocessing, Preprocessed
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--trainer.accelerator=cpu", "--trainer.max_steps=4", "--trainer.logger=false",
@@ -82,47 +83,6 @@ def test_a_model_the_strategy_cannot_split_is_refused_before_training(tmp_path, 
                       logger=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
     with pytest.raises(ValueError, match=message):
         trainer.fit(model, train_dataloaders=loader())
-
-
-class Preprocessed(StackModel):
-    """A user's module: a pre-processing layer in front of the stack it defines as ``model``."""
-
-    def __init__(self):
-        super().__init__()
-        stack = self.model
-        del self.model
-        self.pre = nn.Linear(IN, IN)  # defined before the stack, as forward() uses them
-        self.model = stack
-
-    def forward(self, x):
-        return self.model(self.pre(x))
-
-
-class FrozenPreprocessing(Preprocessed):
-    def __init__(self):
-        super().__init__()
-        self.pre.requires_grad_(False)
-
-
-class EmbeddingBlocksHead(StackModel):
-    """A usual language-model layout: an embedding and a head around an nn.ModuleList of blocks."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, 32)
-        self.blocks = nn.ModuleList(list(self.model.children())[1:-1])
-        self.head = nn.Linear(32, OUT)
-        del self.model
-
-
-class FeaturesClassifier(StackModel):
-    """A usual vision layout: ``features`` and ``classifier``, no single stack."""
-
-    def __init__(self):
-        super().__init__()
-        self.features = nn.Sequential(*list(self.model.children())[:-1])
-        self.classifier = nn.Linear(32, OUT)
-        del self.model
 
 
 @pytest.mark.parametrize(
