@@ -89,6 +89,26 @@ def test_each_readme_command_runs(words, capsys):
         parses(cli_arguments(words), capsys)
 
 
+def inline_flags() -> list[str]:
+    """Flags with values that the README's prose and tables show inline (`--trainer.strategy data_parallel ...`),
+    placeholders (``...``, an upper-case word) left out."""
+    spans = re.findall(r"`(--(?:trainer|checkpoint|cost|preemption|config)[^`]*)`", " ".join(README.split()))
+    return sorted({span for span in spans if " " in span or "=" in span} - {span for span in spans if
+                   "..." in span or re.search(r"(^| )[A-Z]+( |$)", span)})  # fmt: skip
+
+
+INLINE = inline_flags()
+
+
+def test_the_readme_shows_inline_flags():
+    assert len(INLINE) >= 10 and "--trainer.strategy data_parallel --trainer.strategy.zero_stage 1" in INLINE
+
+
+@pytest.mark.parametrize("flags", INLINE)
+def test_each_inline_flag_form_parses_on_top_of_the_example_config(flags, capsys):
+    parses(["fit", "--config", "examples/configs/data_parallel.yaml", *shlex.split(flags)], capsys)
+
+
 def test_the_slurm_and_kubernetes_examples_run_valid_commands(tmp_path, capsys):
     sbatch = (ROOT / "examples" / "slurm" / "train.sbatch").read_text().replace("\\\n", " ")
     [line] = [line for line in sbatch.splitlines() if "-m lightning_scale" in line]
