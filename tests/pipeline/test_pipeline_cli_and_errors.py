@@ -1,12 +1,8 @@
-"""pipeline_parallel from the ``lightning-scale`` command (2 processes through Lightning's own launcher), and bad
-input refused early."""
+"""pipeline_parallel's refusals of bad arguments and of models it cannot split, before training, and one process
+running the whole pipeline. Through the ``lightning-scale`` command: tests/test_cli.py (the example config, by
+registry name, and a refusal under torchrun)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,27 +12,6 @@ from torch import nn
 from lightning_scale.strategies import PipelineParallelStrategy
 from tests.pipeline.stack_model import StackModel, loader
 from tests.pipeline.user_layouts import EmbeddingBlocksHead, FeaturesClassifier, FrozenPreprocessing, Preprocessed
-
-ROOT = Path(__file__).resolve().parents[2]
-COMMON = ["--trainer.accelerator=cpu", "--trainer.max_steps=4", "--trainer.logger=false",
-          "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=1"]  # fmt: skip
-
-
-def cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "lightning_scale", "fit", "--model=tests.pipeline.stack_model.StackModel",
-               "--data=tests.pipeline.stack_model.StackData", *COMMON, f"--trainer.default_root_dir={tmp_path}",
-               f"--checkpoint.dirpath={tmp_path / 'checkpoints'}", "--cost.price_per_hour=1"]  # fmt: skip
-    return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(300)
-def test_lightning_cli_trains_with_the_registry_name(tmp_path):
-    # the class path form with --trainer.strategy.schedule/n_microbatches: tests/test_cli.py (the example config)
-    done = cli(tmp_path, "--trainer.strategy=pipeline_parallel", "--trainer.devices=2")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "`Trainer.fit` stopped: `max_steps=4` reached." in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
