@@ -50,11 +50,18 @@ class BudgetedEarlyStopping(EarlyStopping):
         window: Evaluations that ``min_improvement_per_usd`` looks back over (>= 1).
         check_every_n_steps: Training steps between two budget votes (>= 1).
         mode: ``"min"`` or ``"max"`` for ``monitor``.
-        patience: Evaluations without improvement before stopping, as in ``EarlyStopping`` (default: no limit).
+        patience: Evaluations without improvement before stopping, as in ``EarlyStopping`` (default 3).
         min_delta: Smallest change that counts as improvement, as in ``EarlyStopping``.
         strict: Fail when ``monitor`` is missing, as in ``EarlyStopping``.
         check_finite: Stop when ``monitor`` is NaN or infinite, as in ``EarlyStopping``.
         verbose: Log improvements, as in ``EarlyStopping``.
+        stopping_threshold: Stop once ``monitor`` reaches this, as in ``EarlyStopping``.
+        divergence_threshold: Stop once ``monitor`` is worse than this, as in ``EarlyStopping``.
+        check_on_train_epoch_end: Check ``monitor`` at the end of the training epoch, as in ``EarlyStopping``.
+        log_rank_zero_only: Log the stopping reason on rank 0 only, as in ``EarlyStopping``.
+
+    Without a cost criterion (``max_cost_usd``, ``max_hours``, ``min_improvement_per_usd``) it is ``EarlyStopping``
+    and needs no :class:`CostTracker`.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -74,11 +81,15 @@ class BudgetedEarlyStopping(EarlyStopping):
         window: int = 3,
         check_every_n_steps: int = 1,
         mode: Literal["min", "max"] = "min",
-        patience: int | None = None,
+        patience: int = 3,
         min_delta: float = 0.0,
         strict: bool = True,
         check_finite: bool = True,
         verbose: bool = False,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        check_on_train_epoch_end: bool | None = None,
+        log_rank_zero_only: bool = False,
     ) -> None:
         for name, value in (("max_cost_usd", max_cost_usd), ("max_hours", max_hours)):
             if value is not None and not value > 0:
@@ -96,11 +107,15 @@ class BudgetedEarlyStopping(EarlyStopping):
         super().__init__(
             monitor=monitor or "",
             min_delta=min_delta,
-            patience=patience if patience is not None else 2**31 - 1,
+            patience=patience,
             verbose=verbose,
             mode=mode,
             strict=strict,
             check_finite=check_finite,
+            stopping_threshold=stopping_threshold,
+            divergence_threshold=divergence_threshold,
+            check_on_train_epoch_end=check_on_train_epoch_end,
+            log_rank_zero_only=log_rank_zero_only,
         )
         self.max_cost_usd = max_cost_usd
         self.max_hours = max_hours
@@ -123,7 +138,8 @@ class BudgetedEarlyStopping(EarlyStopping):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         trackers = [cb for cb in trainer.callbacks if isinstance(cb, CostTracker)]
-        if not trackers and stage == "fit":
+        costed = (self.max_cost_usd, self.max_hours, self.min_improvement_per_usd) != (None, None, None)
+        if not trackers and stage == "fit" and costed:
             raise ConfigurationError(
                 "BudgetedEarlyStopping counts the cost with the Trainer's CostTracker, and there is none: add "
                 "lightning_scale.callbacks.CostTracker(price_per_hour=...) (a price of 0 works for max_hours only)."

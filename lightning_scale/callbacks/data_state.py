@@ -151,8 +151,10 @@ class DataStateCheckpoint(Callback):
         check_state_version(state_dict, "DataStateCheckpoint", missing=None)
         saved_world, world = state_dict["world_size"], distributed.world_size()
         if saved_world == world:
-            self._pending = state_dict[f"rank_{distributed.rank()}"]
+            self._pending = dict(state_dict[f"rank_{distributed.rank()}"])
             self._drawn_seed = self._pending.get("drawn_seed")
+            if not self._pending["loaders"]:  # saved before training loaders existed (the Tuner's checkpoint)
+                self._pending["loaders"] = None
             return
         rank0 = state_dict["rank_0"]
         if not rank0["end_of_epoch"]:
@@ -175,7 +177,7 @@ class DataStateCheckpoint(Callback):
         pending, self._pending = self._pending, None
         if pending is None or pending["end_of_epoch"]:
             return
-        for loader, saved in zip(train_loaders(trainer), pending["loaders"], strict=True):
+        for loader, saved in zip(train_loaders(trainer), pending["loaders"] or [], strict=bool(pending["loaders"])):
             _restore_generators(loader, saved["generators"])
         restore_rng_state(pending["rng"])
 

@@ -8,7 +8,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 from weakref import proxy
 
 import lightning.pytorch as pl
@@ -26,6 +26,7 @@ from lightning_scale._lightning_internals import (
     trainer_logs_this_step,
     writes_sharded_checkpoints,
 )
+from lightning_scale._process_local import ProcessLocal
 from lightning_scale.callbacks._sharded_io import ShardedAwareCheckpointIO
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.cost_tracker import CostTracker
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class ResumableCheckpoint(ModelCheckpoint):
+class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     """Checkpoints that are atomic, validated on resume, pruned safely and resumed automatically.
 
     A subclass of Lightning's ``ModelCheckpoint``: ``monitor``/``save_top_k``, ``save_last`` and
@@ -113,6 +114,13 @@ class ResumableCheckpoint(ModelCheckpoint):
         wandb_resume: Add a :class:`WandbResume` to a Trainer with a ``WandbLogger`` when it has none, so a restarted
             job continues the same W&B run.
         verbose: Log each save, as in ``ModelCheckpoint``.
+        save_on_exception: Also save when fit raises, as in ``ModelCheckpoint``.
+        save_weights_only: Refused when ``True``: a weights-only file cannot resume a run (add a stock
+            ``ModelCheckpoint(save_weights_only=True)`` for those).
+        auto_insert_metric_name: As in ``ModelCheckpoint``.
+        train_time_interval: ``ModelCheckpoint``'s name for ``every_n_minutes`` (a ``timedelta``).
+        save_on_train_epoch_end: As in ``ModelCheckpoint``.
+        enable_version_counter: As in ``ModelCheckpoint`` (``-v1`` names when a name is taken).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -121,6 +129,10 @@ class ResumableCheckpoint(ModelCheckpoint):
     """
 
     METRIC_KEYS = ("checkpoint/interval_minutes", "checkpoint/save_seconds")
+    PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {
+        "_writer": BackgroundWriter, "_stager": HostStager, "_staged": None, "_checkpoint_writer": None,
+        "_save_group": None, "_trainer": None, "_store": None, "_cache": None, "_progress": None,
+    }  # fmt: skip
 
     def __init__(
         self,
@@ -143,7 +155,28 @@ class ResumableCheckpoint(ModelCheckpoint):
         strict_resume: bool = False,
         wandb_resume: bool = True,
         verbose: bool = False,
+        save_on_exception: bool = False,
+        save_weights_only: bool = False,
+        auto_insert_metric_name: bool = True,
+        train_time_interval: timedelta | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
     ) -> None:
+        if save_weights_only:
+            raise ConfigurationError(
+                "ResumableCheckpoint saves the full training state, so that a run resumes where it stopped; "
+                "save_weights_only=True would make every checkpoint unresumable. For weights-only files, add a stock "
+                "lightning.pytorch.callbacks.ModelCheckpoint(save_weights_only=True) beside it."
+            )
+        if save_top_k < -1:
+            raise ConfigurationError(f"save_top_k={save_top_k} must be >= -1, as in ModelCheckpoint (-1 keeps all).")
+        if train_time_interval is not None:
+            if every_n_minutes is not None:
+                raise ConfigurationError(
+                    f"Pass either train_time_interval={train_time_interval} (ModelCheckpoint's name) or "
+                    f"every_n_minutes={every_n_minutes!r}, not both: they set the same trigger."
+                )
+            every_n_minutes = train_time_interval.total_seconds() / 60.0
         auto = every_n_minutes == "auto"
         if auto != (mean_time_between_interruptions_hours is not None):
             raise ConfigurationError(
@@ -180,6 +213,10 @@ class ResumableCheckpoint(ModelCheckpoint):
             save_top_k=save_top_k if monitor is not None else -1,
             every_n_train_steps=every_n_train_steps,
             every_n_epochs=0 if only_time else every_n_epochs,
+            save_on_exception=save_on_exception,
+            auto_insert_metric_name=auto_insert_metric_name,
+            save_on_train_epoch_end=save_on_train_epoch_end,
+            enable_version_counter=enable_version_counter,
         )
         self.every_n_minutes = every_n_minutes
         self.mean_time_between_interruptions_hours = mean_time_between_interruptions_hours

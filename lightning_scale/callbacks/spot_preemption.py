@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from lightning_scale import distributed, knobs
 from lightning_scale._lightning_internals import process_dataloaders_with, shut_down_dataloader_workers
+from lightning_scale._process_local import ProcessLocal
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError
@@ -31,7 +32,7 @@ __all__ = ["SpotPreemption"]
 log = logging.getLogger(__name__)
 
 
-class SpotPreemption(Callback):
+class SpotPreemption(ProcessLocal, Callback):
     """Stop every rank at the same step when any rank gets a preemption notice, checkpoint, and exit non-zero.
 
     Notice sources (signals by default; AWS, GCP, Azure metadata and files in :mod:`lightning_scale.preemption`)
@@ -66,6 +67,7 @@ class SpotPreemption(Callback):
     """
 
     METRIC_KEYS = ("preemption/step", "preemption/seconds_to_durable", "preemption/saved")
+    PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {"_unshield": lambda: _nothing, "_checkpoint": None}
 
     def __init__(
         self,
@@ -91,7 +93,7 @@ class SpotPreemption(Callback):
         self._started = False
         self._preempted: dict[str, Any] | None = None  # the notice that stopped the run, kept in the checkpoint
         self._last_voted_step = -1
-        self._unshield: Callable[[], None] = lambda: None
+        self._unshield: Callable[[], None] = _nothing
 
     @property
     @override
@@ -292,3 +294,7 @@ class SpotPreemption(Callback):
 def _shielded(loader: Any, signals: Sequence[str]) -> Any:
     shield_workers(loader, signals)
     return loader
+
+
+def _nothing() -> None:
+    """Undoes nothing (no loader was shielded)."""

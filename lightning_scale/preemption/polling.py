@@ -9,8 +9,10 @@ import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Callable
+from typing import Any, ClassVar
 
 from lightning_scale import knobs
+from lightning_scale._process_local import ProcessLocal
 from lightning_scale.preemption.notice import Notice
 
 __all__ = ["PollingSource", "PollingThread", "http_request", "validate_base_url", "validate_interval"]
@@ -86,18 +88,23 @@ class PollingThread:
             self._stop.wait(self.interval_s)
 
 
-class PollingSource:
+class PollingSource(ProcessLocal):
     """A notice source that checks in a daemon thread: start/poll/acknowledge/stop over a :class:`PollingThread`.
 
     Subclasses define ``_check`` (and ``name``); HTTP sources pass ``base_url``, validated here.
     """
 
     name = "polling"
+    PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {"_thread": None}
 
     def __init__(self, poll_interval: float, base_url: str | None = None) -> None:
         self.base_url = validate_base_url(base_url) if base_url is not None else None
         self.poll_interval = validate_interval(poll_interval, "poll_interval")
         self._thread = PollingThread(self.name, self._check, self.poll_interval)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._thread = PollingThread(self.name, self._check, self.poll_interval)  # a copy polls on its own
 
     def _check(self) -> Notice | None:
         raise NotImplementedError

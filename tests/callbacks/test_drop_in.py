@@ -1,0 +1,179 @@
+"""Our callbacks in place of Lightning's stock ones (issue 20): they pickle and deep-copy as the stock ones do, run
+under ``ddp_spawn`` and the Tuner, and ``BudgetedEarlyStopping`` takes every ``EarlyStopping`` argument."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import pickle
+from datetime import timedelta
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.tuner import Tuner
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_scale.callbacks import (
+    BudgetedEarlyStopping,
+    CostTracker,
+    DataStateCheckpoint,
+    DivergenceRollback,
+    ResumableCheckpoint,
+    SpotPreemption,
+    WandbResume,
+)
+from lightning_scale.preemption import AWSSpotNotice, SignalNotice
+from tests.data.user_code import UserData, UserMLP
+
+CALLBACKS = {
+    "resumable-checkpoint": lambda d: ResumableCheckpoint(dirpath=str(d), every_n_train_steps=2),
+    "resumable-checkpoint-async": lambda d: ResumableCheckpoint(dirpath=str(d), async_save=True, keep_last_k=2),
+    "data-state": lambda d: DataStateCheckpoint(),
+    "cost-tracker": lambda d: CostTracker(price_per_hour=1.5),
+    "spot-preemption": lambda d: SpotPreemption([SignalNotice(), AWSSpotNotice()]),
+    "budgeted-early-stopping": lambda d: BudgetedEarlyStopping(monitor="val_loss", max_cost_usd=5.0),
+    "divergence-rollback": lambda d: DivergenceRollback(),
+    "wandb-resume": lambda d: WandbResume(),
+}
+
+
+@pytest.mark.parametrize("name", CALLBACKS)
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_each_callback_pickles_and_deep_copies_with_its_settings(tmp_path, name, how):
+    callback = CALLBACKS[name](tmp_path)
+    copied = pickle.loads(pickle.dumps(callback)) if how == "pickle" else copy.deepcopy(callback)
+    assert type(copied) is type(callback) and copied.state_key == callback.state_key
+    if isinstance(callback, ResumableCheckpoint):
+        assert (copied.dirpath, copied.keep_last_k, copied.async_save) == (str(tmp_path), callback.keep_last_k,
+                                                                           callback.async_save)  # fmt: skip
+        assert copied._writer is not callback._writer  # its own writer thread, started when it first writes
+
+
+def test_a_trainer_with_our_callbacks_pickles(tmp_path):
+    callbacks = [make(tmp_path) for name, make in CALLBACKS.items() if name != "data-state"]
+    trainer = Trainer(callbacks=callbacks, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    assert len(pickle.loads(pickle.dumps(trainer)).callbacks) == len(trainer.callbacks)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_ddp_spawn_trains_and_checkpoints_with_resumable_checkpoint(tmp_path):
+    """Lightning pickles the Trainer, callbacks included, into each spawned process."""
+    checkpoint = ResumableCheckpoint(dirpath=str(tmp_path / "ckpts"), every_n_train_steps=2)
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=4, callbacks=[checkpoint],
+                      logger=False, enable_progress_bar=False, limit_val_batches=0,
+                      default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(UserMLP(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
+    names = sorted(p.name for p in (tmp_path / "ckpts").glob("*.ckpt"))
+    assert names == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+
+
+class TunableMLP(UserMLP):
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        self.lr = lr
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def test_lr_find_and_then_fit_work_with_the_default_callbacks(tmp_path):
+    seed_everything(0)
+    callbacks = [ResumableCheckpoint(dirpath=str(tmp_path / "ckpts"), every_n_train_steps=5), CostTracker(1.0)]
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=10, callbacks=callbacks, logger=False,
+                      enable_progress_bar=False, limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    model, data = TunableMLP(), UserData({"loader": "torch", "shuffle": "shuffle_true"})
+    finder = Tuner(trainer).lr_find(model, datamodule=data, num_training=20, early_stop_threshold=None)
+    assert finder is not None and len(finder.results["lr"]) == 20 and model.lr == finder.suggestion()
+    trainer.fit(model, datamodule=data)
+    assert trainer.global_step == 10
+    names = sorted(p.name for p in (tmp_path / "ckpts").glob("*.ckpt"))
+    assert names == ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt"]
+
+
+class Scored(LightningModule):
+    """A validation score that follows a given sequence, one value per validation."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.layer, self.scores = nn.Linear(1, 1), scores
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).sum()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("score", self.scores[min(self.trainer.current_epoch, len(self.scores) - 1)])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def stopped_epoch(stopper: BudgetedEarlyStopping, scores: list[float], tmp_path) -> int:
+    loader = DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=1)
+    trainer = Trainer(accelerator="cpu", max_epochs=len(scores), callbacks=[stopper], logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(Scored(scores), train_dataloaders=loader, val_dataloaders=loader)
+    return trainer.current_epoch
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "scores", "epochs"),
+    [
+        ({}, [1.0, 2.0, 2.0, 2.0, 2.0, 2.0], 4),  # EarlyStopping's default patience: 3 evaluations
+        ({"stopping_threshold": 0.5}, [1.0, 0.8, 0.4, 0.3, 0.2], 3),
+        ({"divergence_threshold": 5.0}, [1.0, 0.9, 6.0, 0.5, 0.4], 3),
+    ],
+    ids=["default-patience", "stopping-threshold", "divergence-threshold"],
+)
+def test_budgeted_early_stopping_without_a_budget_is_early_stopping_and_needs_no_cost_tracker(
+    tmp_path, kwargs, scores, epochs
+):
+    assert stopped_epoch(BudgetedEarlyStopping(monitor="score", **kwargs), scores, tmp_path) == epochs
+
+
+def test_a_cost_budget_still_needs_a_cost_tracker(tmp_path):
+    with pytest.raises(ValueError, match="counts the cost with the Trainer's CostTracker"):
+        stopped_epoch(BudgetedEarlyStopping(monitor="score", max_hours=1.0), [1.0, 2.0], tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("ours", "stock"), [(ResumableCheckpoint, ModelCheckpoint), (BudgetedEarlyStopping, EarlyStopping)]
+)
+def test_every_argument_of_the_stock_class_is_accepted_by_name(ours, stock):
+    mine = inspect.signature(ours.__init__).parameters
+    assert set(inspect.signature(stock.__init__).parameters) - set(mine) == set()
+
+
+def test_save_weights_only_is_refused_with_the_stock_class_as_the_way():
+    with pytest.raises(ValueError, match=r"save_weights_only=True would make every checkpoint unresumable.*stock"):
+        ResumableCheckpoint(save_weights_only=True)
+
+
+def test_a_save_top_k_below_minus_one_is_refused_as_the_stock_class_does():
+    with pytest.raises(ValueError, match=r"save_top_k=-3 must be >= -1"):
+        ResumableCheckpoint(save_top_k=-3)
+
+
+def test_train_time_interval_is_every_n_minutes():
+    assert ResumableCheckpoint(train_time_interval=timedelta(minutes=30)).every_n_minutes == 30.0
+    with pytest.raises(ValueError, match="not both"):
+        ResumableCheckpoint(train_time_interval=timedelta(minutes=30), every_n_minutes=10)
+
+
+class FailsAtStep3(TunableMLP):
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 3:
+            raise RuntimeError("user code failed")
+        return super().training_step(batch, batch_idx)
+
+
+def test_save_on_exception_saves_when_fit_raises(tmp_path):
+    checkpoint = ResumableCheckpoint(dirpath=str(tmp_path), save_on_exception=True, every_n_train_steps=100)
+    trainer = Trainer(accelerator="cpu", max_steps=10, callbacks=[checkpoint], logger=False, limit_val_batches=0,
+                      enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    with pytest.raises(RuntimeError, match="user code failed"):
+        trainer.fit(FailsAtStep3(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
+    assert [p.name for p in tmp_path.glob("*.ckpt")] == ["epoch=0-step=3.ckpt"]
