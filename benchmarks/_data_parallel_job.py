@@ -127,7 +127,7 @@ def main() -> None:
                             "payload_bytes": ranks[0]["payload_bytes"]}  # fmt: skip
     if distributed.rank() == 0:
         Path(out).write_text(json.dumps(results))
-    distributed.destroy_process_group()
+    distributed.destroy_process_group(process_ends=True)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def main() -> None:
     )  # fmt: skip
     model = CharTransformer(vocab_size=64, d_model=args.d_model, n_heads=4, n_layers=4)
     trainer.fit(model, datamodule=CharDataModule(batch_size=8))
-    distributed.destroy_process_group()
+    distributed.destroy_process_group(process_ends=True)
 
 
 if __name__ == "__main__":

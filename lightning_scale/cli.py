@@ -206,7 +206,9 @@ def _consolidate(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``lightning-scale`` and ``python -m lightning_scale``; once the command finished, it tears down
-    the process group, whose gloo threads could otherwise abort the exiting process."""
+    the process group, whose gloo threads could otherwise abort the exiting process. Called with ``argv`` (from
+    Python), it leaves the garbage collector as it was; as the command, it speeds up the process's exit (see
+    :func:`lightning_scale.distributed.destroy_process_group`)."""
     explicit = argv is not None
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["consolidate"]:
@@ -226,8 +228,8 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _remember_for_later_attempts(str(usage))
         _exit_on_usage_error(str(usage))
-    finally:
-        distributed.destroy_process_group()  # a gloo group alive at interpreter exit can abort the process (exit -6)
+    finally:  # a gloo group alive at interpreter exit can abort the process (exit -6); the command's process ends
+        distributed.destroy_process_group(process_ends=not explicit)
 
 
 def _usage_error_in(error: BaseException | None) -> BaseException | None:

@@ -204,7 +204,7 @@ def destroy_group(group: Any) -> None:
         dist.destroy_process_group(group)
 
 
-def destroy_process_group() -> None:
+def destroy_process_group(process_ends: bool = False) -> None:
     """Tear down every process group, if any, and collect the garbage that still refers to them, before the process
     exits; call it once the trainer is out of scope.
 
@@ -212,10 +212,16 @@ def destroy_process_group() -> None:
     ("terminate called without an active exception"), turning a finished job into exit code -6 for its launcher.
     Lightning's trainer, strategy and callbacks refer to each other, so only the cycle collector frees them (and the
     device meshes, pipeline stages and work they hold): run here, it frees them while the interpreter is whole.
+
+    With ``process_ends`` (the caller returns to the interpreter's exit next), what is still alive is frozen out of
+    the collector (``gc.freeze``): the interpreter's final collection skips it, which saves about 1 s of CPU per
+    process of a Lightning job.
     """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     gc.collect()
+    if process_ends:
+        gc.freeze()
 
 
 def _failure(err: Exception) -> tuple[str, bool]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -23,3 +25,14 @@ def test_missing_process_group_in_a_multi_process_job_is_an_error(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(distributed.DistributedNotInitializedError, match=r"WORLD_SIZE=2 .*no process group"):
         distributed.any_rank(True)
+
+
+def test_a_process_that_ends_freezes_its_heap_and_one_that_goes_on_does_not():
+    assert gc.get_freeze_count() == 0
+    distributed.destroy_process_group()
+    assert gc.get_freeze_count() == 0  # called from Python, e.g. between two jobs: the collector stays as it was
+    try:
+        distributed.destroy_process_group(process_ends=True)
+        assert gc.get_freeze_count() > 0  # the interpreter's final collection skips what is alive now
+    finally:
+        gc.unfreeze()

@@ -284,4 +284,4 @@ def main(config_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    distributed.destroy_process_group()  # with the trainer out of scope
+    distributed.destroy_process_group(process_ends=True)  # with the trainer out of scope

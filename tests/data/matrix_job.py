@@ -32,4 +32,4 @@ def main(path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    distributed.destroy_process_group()
+    distributed.destroy_process_group(process_ends=True)

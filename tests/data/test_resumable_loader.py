@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 
@@ -260,6 +261,21 @@ def test_forkserver_workers_really_start_and_deliver():
     loader = rebuilt(DataLoader(NoisyDataset(16), batch_size=4, num_workers=2), world_size=2).loader
     assert loader.multiprocessing_context.get_start_method() == "forkserver"
     assert sorted(i for batch in ids(loader) for i in batch) == list(range(16))
+
+
+class FreezeCount(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return gc.get_freeze_count()
+
+
+def test_forkserver_workers_start_with_the_preloaded_modules_frozen_out_of_the_collector():
+    loader = rebuilt(DataLoader(FreezeCount(), batch_size=2, num_workers=2), world_size=2).loader
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    counts = [int(count) for batch in loader for count in batch]
+    assert len(counts) == 4 and min(counts) > 100_000  # torch, Lightning and ours: never copied, never collected
 
 
 class DefinedInTheScript(Dataset):

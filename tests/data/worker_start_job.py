@@ -82,4 +82,4 @@ def main(config_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    distributed.destroy_process_group()
+    distributed.destroy_process_group(process_ends=True)

@@ -107,4 +107,4 @@ def run(config: dict) -> None:
 if __name__ == "__main__":
     for config in job_configs(sys.argv[1]):
         run(config)
-    distributed.destroy_process_group()  # with the trainer out of scope
+    distributed.destroy_process_group(process_ends=True)  # with the trainer out of scope
