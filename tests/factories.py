@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 
 from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale.data.forkserver import FORKSERVER_PRELOAD
 
 
 def model() -> CharTransformer:
@@ -28,8 +29,9 @@ def data_workers2_fork() -> CharDataModule:
 def _forkserver() -> str:
     """Workers forked from a server process that runs no other thread. Forked by a rank itself, while gloo's threads
     and the other loader's queue feeders ran, a worker deadlocked inside ``os.fork()`` about once in three CI runs.
-    The server imports torch and the example once per rank, so workers start in milliseconds."""
-    multiprocessing.set_forkserver_preload(["torch", "examples.char_transformer"])
+    The server imports what lightning-scale's own forkserver does (torch and Lightning, frozen out of the collector)
+    and the example once per rank, so workers start in milliseconds."""
+    multiprocessing.set_forkserver_preload([*FORKSERVER_PRELOAD, "examples.char_transformer"])
     return "forkserver"
 
 
