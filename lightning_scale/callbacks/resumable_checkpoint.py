@@ -27,7 +27,7 @@ from lightning_scale._lightning_internals import (
     writes_sharded_checkpoints,
 )
 from lightning_scale._process_local import ProcessLocal
-from lightning_scale.callbacks._sharded_io import ShardedAwareCheckpointIO
+from lightning_scale.callbacks._checkpoint_io import ShardedAwareCheckpointIO, plugin_save_file
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.cost_tracker import CostTracker
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
@@ -297,7 +297,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if stage != "fit":
             return
         self._trainer = trainer
-        self._checkpoint_writer = CheckpointWriter(self.store, self._cache, self._retain)
+        self._checkpoint_writer = CheckpointWriter(self.store, self._cache, self._retain, self._plugin(trainer))
         self._on_storage(self._files.remove_partial_files, "Cleaning unfinished saves")
         self._run_id = distributed.broadcast_object(uuid.uuid4().hex)
         self._generation, self._resumed_at = 0, None
@@ -313,6 +313,17 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             trainer.callbacks.append(WandbResume())
         if self.auto_resume:
             restore_from_when_unset(trainer, lambda: self._choose_resume_checkpoint(trainer))
+
+    def _plugin(self, trainer: pl.Trainer) -> Callable[[dict[str, Any], str], None] | None:
+        """The user's ``CheckpointIO`` plugin, which writes every single-file checkpoint (``None``: Lightning's)."""
+        save_file = plugin_save_file(trainer.strategy)
+        if save_file is not None and self._sharded:
+            rank_zero_warn(
+                "ResumableCheckpoint writes sharded checkpoints with torch.distributed.checkpoint, so the Trainer's "
+                "CheckpointIO plugin does not write them. Pass sharded=False to have it write single files "
+                "(strategies that shard the state need save_distributed_checkpoint=False too)."
+            )
+        return save_file
 
     def _setup_cache(self) -> None:
         if self.local_cache_dir is None:

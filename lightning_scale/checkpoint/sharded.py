@@ -14,7 +14,7 @@ its path, and ``meta.pt`` holds the rest with the structure (``SKELETON_KEY``): 
 (integer keys of optimizer states, lists), which ``torch.distributed.checkpoint``'s own nesting does not.
 
 :func:`save_sharded` and :func:`file_digests` run on every rank (they use collectives); :func:`load_sharded` runs in
-one process without any; ``lightning_scale.callbacks._sharded_io`` lets Lightning load them. Completeness is
+one process without any; ``lightning_scale.callbacks._checkpoint_io`` lets Lightning load them. Completeness is
 vouched for by a manifest listing every file with its size and sha256 (:mod:`lightning_scale.checkpoint.manifest`),
 which rank 0 publishes last.
 """

@@ -41,6 +41,9 @@ class CheckpointWriter:
         store: The checkpoint directory.
         cache: A local directory that absorbs each write before its upload, or ``None``.
         retain: Called on the writing rank after each checkpoint landed in ``store``.
+        save_file: ``save_file(checkpoint, url)`` writes a single-file checkpoint's temporary file (a Trainer's
+            ``CheckpointIO`` plugin); ``None`` streams ``torch.save`` into it. Either way the file is then made
+            durable, hashed into its manifest and published.
 
     Example:
         >>> import tempfile
@@ -51,10 +54,17 @@ class CheckpointWriter:
         ['a.ckpt', 'a.ckpt.manifest.json']
     """
 
-    def __init__(self, store: CheckpointStore, cache: CheckpointStore | None, retain: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        cache: CheckpointStore | None,
+        retain: Callable[[], None],
+        save_file: Callable[[dict[str, Any], str], None] | None = None,
+    ) -> None:
         self.store = store
         self.cache = cache
         self._retain = retain
+        self._save_file = save_file
         self._write_failed = False
 
     def remove_partial_files(self) -> None:
@@ -72,7 +82,10 @@ class CheckpointWriter:
         store = self.store if self.cache is None else self.cache
         temporary = f".{name}{PARTIAL_SUFFIX}"
         try:
-            store.write_with(temporary, lambda handle: torch.save(checkpoint, handle))
+            if self._save_file is None:
+                store.write_with(temporary, lambda handle: torch.save(checkpoint, handle))
+            else:
+                self._save_file(checkpoint, store.url(temporary))
             publish_checkpoint(store, temporary, name, **fields)
         except Exception:
             self._write_failed |= self.cache is None

@@ -7,11 +7,13 @@ import copy
 import inspect
 import pickle
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 from lightning.pytorch.tuner import Tuner
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -25,6 +27,7 @@ from lightning_scale.callbacks import (
     SpotPreemption,
     WandbResume,
 )
+from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import AWSSpotNotice, SignalNotice
 from tests.data.user_code import UserData, UserMLP
 
@@ -177,3 +180,49 @@ def test_save_on_exception_saves_when_fit_raises(tmp_path):
     with pytest.raises(RuntimeError, match="user code failed"):
         trainer.fit(FailsAtStep3(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
     assert [p.name for p in tmp_path.glob("*.ckpt")] == ["epoch=0-step=3.ckpt"]
+
+
+class SealedIO(TorchCheckpointIO):
+    """A user's CheckpointIO: it seals every file it writes and refuses to load one it did not seal."""
+
+    def __init__(self) -> None:
+        self.saved: list[str] = []
+        self.loaded: list[str] = []
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        self.saved.append(str(path))
+        super().save_checkpoint({**checkpoint, "sealed": True}, path, storage_options)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        self.loaded.append(str(path))
+        checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        assert checkpoint.pop("sealed"), path
+        return checkpoint
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "cache"])
+def test_a_users_checkpoint_io_plugin_writes_every_checkpoint_and_loads_the_resumed_one(tmp_path, mode):
+    extra = {"sync": {}, "async": {"async_save": True}, "cache": {"local_cache_dir": str(tmp_path / "cache")}}[mode]
+    for max_steps in (4, 6):
+        seed_everything(0)
+        plugin = SealedIO()
+        checkpoint = ResumableCheckpoint(dirpath=str(tmp_path / "ckpts"), every_n_train_steps=2, **extra)
+        trainer = Trainer(accelerator="cpu", max_steps=max_steps, callbacks=[checkpoint], plugins=[plugin],
+                          logger=False, enable_progress_bar=False, limit_val_batches=0,
+                          default_root_dir=tmp_path)  # fmt: skip
+        trainer.fit(TunableMLP(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
+        assert len(plugin.saved) == max_steps // 2 - (max_steps == 6) * 2  # the resumed run saves from step 6 on
+        assert all(Path(path).name.endswith(".partial") for path in plugin.saved)  # published once complete
+    assert [Path(path).name for path in plugin.loaded] == ["epoch=0-step=4.ckpt"]
+    manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "ckpts")))
+    assert manifest is not None and manifest.name == "epoch=0-step=6.ckpt"  # its hash is of the plugin's bytes
+    assert torch.load(tmp_path / "ckpts" / manifest.name, weights_only=False)["sealed"]
+
+
+def test_lightnings_async_checkpoint_io_is_refused_with_async_save_as_the_way(tmp_path):
+    trainer = Trainer(accelerator="cpu", max_steps=2, plugins=[AsyncCheckpointIO()], logger=False,
+                      callbacks=[ResumableCheckpoint(dirpath=str(tmp_path))], enable_progress_bar=False,
+                      default_root_dir=tmp_path)  # fmt: skip
+    with pytest.raises(ValueError, match=r"async_save=True"):
+        trainer.fit(TunableMLP(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
+    assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").glob("*.ckpt"))
