@@ -72,7 +72,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
       chosen for resume, the newest valid one is, with a warning naming the bad file. A name that already holds a
       checkpoint (``last.ckpt``) is replaced only after the old one was set aside, so a crash never loses both;
     - **retention**: ``keep_last_k`` newest checkpoints of this run are kept, ``last.ckpt`` not counted (with
-      ``monitor`` set, the best ``save_top_k`` are kept as ``ModelCheckpoint`` does); the newest valid checkpoint is
+      ``monitor`` set, the best ``save_top_k`` are kept as ``ModelCheckpoint`` does; ``save_top_k=-1`` keeps all,
+      ``0`` saves ``last.ckpt`` only); the newest valid checkpoint is
       never deleted, and checkpoints of other runs in the same directory are never touched;
     - **generations**: a fit that starts behind newer checkpoints in ``dirpath`` (``ckpt_path`` set to an older
       one, or a fresh run beside an old one) warns, keeps them, and writes a new generation that the next
@@ -103,8 +104,11 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             state). With ``async_save``, every rank writes its shards on its writer thread, over a process group of
             its own (gloo).
         keep_last_k: Keep this many newest checkpoints of this run (``None`` keeps all). Used when ``monitor`` is
-            ``None``.
-        save_top_k: With ``monitor`` set, keep this many best checkpoints.
+            ``None`` and ``save_top_k`` is 1.
+        save_top_k: As in ``ModelCheckpoint``: with ``monitor`` set, keep this many best checkpoints; without it, ``0``
+            saves none (``last.ckpt`` only, with ``save_last``), ``-1`` keeps every checkpoint, ``1`` (the default)
+            keeps the ``keep_last_k`` newest. Loggers see this value (``WandbLogger(log_model=True)`` uploads each
+            checkpoint as it is written only with ``-1``, else the best and last at the end, as with the stock class).
         save_last: Also maintain ``last.ckpt`` (``True``, or ``"link"`` for a symlink), as in ``ModelCheckpoint``.
         auto_resume: Resume from the newest valid checkpoint in ``dirpath`` when ``fit`` gets no ``ckpt_path``.
         data_state: Add a :class:`DataStateCheckpoint` to the Trainer when it has none (it makes the training
@@ -170,6 +174,12 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             )
         if save_top_k < -1:
             raise ConfigurationError(f"save_top_k={save_top_k} must be >= -1, as in ModelCheckpoint (-1 keeps all).")
+        if monitor is None and save_top_k > 1:
+            raise ConfigurationError(
+                f"save_top_k={save_top_k} ranks checkpoints by a metric: set monitor=..., or keep the {save_top_k} "
+                f"newest with keep_last_k={save_top_k} (without a monitor, save_top_k is -1, 0 or 1, as in "
+                "ModelCheckpoint)."
+            )
         if train_time_interval is not None:
             if every_n_minutes is not None:
                 raise ConfigurationError(
@@ -210,7 +220,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             mode=mode,
             verbose=verbose,
             save_last=save_last,
-            save_top_k=save_top_k if monitor is not None else -1,
+            save_top_k=save_top_k,
             every_n_train_steps=every_n_train_steps,
             every_n_epochs=0 if only_time else every_n_epochs,
             save_on_exception=save_on_exception,
@@ -644,8 +654,15 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if trainer.is_global_zero:
             self._files.remove(self._name_in_dir(filepath))
 
+    @override
+    def _save_none_monitor_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        """Save as ``ModelCheckpoint`` does without a monitor, but leave the previous checkpoint to ``keep_last_k``."""
+        filepath = self._get_metric_interpolated_filepath_name(monitor_candidates, trainer)
+        self.best_model_path = filepath  # before saving: it is part of the state
+        self._save_checkpoint(trainer, filepath)
+
     def _apply_retention(self) -> None:
-        if self.keep_last_k is None or self.monitor is not None:
+        if self.keep_last_k is None or self.monitor is not None or self.save_top_k == -1:
             return
         last = self._name_in_dir(self.last_model_path) if self.last_model_path else None
         manifests, _ = list_manifests(self.store)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import pickle
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +31,7 @@ from lightning_scale.callbacks import (
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import AWSSpotNotice, SignalNotice
 from tests.data.user_code import UserData, UserMLP
+from tests.wandb_records import read_records
 
 CALLBACKS = {
     "resumable-checkpoint": lambda d: ResumableCheckpoint(dirpath=str(d), every_n_train_steps=2),
@@ -226,3 +228,54 @@ def test_lightnings_async_checkpoint_io_is_refused_with_async_save_as_the_way(tm
     with pytest.raises(ValueError, match=r"async_save=True"):
         trainer.fit(TunableMLP(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
     assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").glob("*.ckpt"))
+
+
+def fit_with(tmp_path, checkpoint: ResumableCheckpoint, max_steps: int = 8, **trainer_kwargs) -> Trainer:
+    seed_everything(0)
+    trainer_kwargs = {"logger": False, **trainer_kwargs}
+    trainer = Trainer(accelerator="cpu", max_steps=max_steps, callbacks=[checkpoint], enable_progress_bar=False,
+                      limit_val_batches=0, default_root_dir=tmp_path, **trainer_kwargs)  # fmt: skip
+    trainer.fit(TunableMLP(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
+    return trainer
+
+
+@pytest.mark.parametrize(
+    ("save_top_k", "save_last", "kept"),
+    [
+        (1, None, ["epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt", "epoch=0-step=8.ckpt"]),  # keep_last_k=3
+        (-1, None, ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt", "epoch=0-step=8.ckpt"]),
+        (0, True, ["last.ckpt"]),
+    ],
+)
+def test_save_top_k_without_a_monitor_keeps_the_stock_meaning(tmp_path, save_top_k, save_last, kept):
+    checkpoint = ResumableCheckpoint(dirpath=str(tmp_path / "ckpts"), every_n_train_steps=2, save_top_k=save_top_k,
+                                     save_last=save_last)  # fmt: skip
+    fit_with(tmp_path, checkpoint)
+    assert sorted(p.name for p in (tmp_path / "ckpts").glob("*.ckpt")) == kept
+    assert checkpoint.save_top_k == save_top_k  # as loggers see it
+
+
+def test_save_top_k_above_one_without_a_monitor_is_refused_with_keep_last_k_as_the_way():
+    with pytest.raises(ValueError, match=r"keep_last_k=3"):
+        ResumableCheckpoint(save_top_k=3)
+
+
+@pytest.mark.parametrize(("save_top_k", "uploaded"), [(1, [8]), (-1, [2, 4, 6, 8])])
+def test_wandb_log_model_uploads_each_checkpoint_only_with_save_top_k_minus_one(
+    tmp_path, monkeypatch, save_top_k, uploaded
+):
+    """As with the stock class: ``save_top_k=-1`` uploads every checkpoint as it is written, otherwise the logger
+    uploads the newest at the end (read back from the run file; W&B runs offline, which the logger does not know)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = WandbLogger(save_dir=str(tmp_path), log_model=True)
+    checkpoint = ResumableCheckpoint(dirpath=str(tmp_path / "ckpts"), every_n_train_steps=2, save_top_k=save_top_k,
+                                     keep_last_k=None)  # fmt: skip
+    fit_with(tmp_path, checkpoint, logger=logger)
+    logger.experiment.finish()
+    uploaded = [f"epoch=0-step={step}.ckpt" for step in uploaded]
+    records = read_records(next(tmp_path.glob("wandb/offline-run-*/run-*.wandb")))
+    artifacts = [json.loads(r.artifact.metadata) for r in records if r.WhichOneof("record_type") == "artifact"]
+    assert [a["original_filename"] for a in artifacts] == uploaded
+    assert {a["ResumableCheckpoint"]["save_top_k"] for a in artifacts} == {save_top_k}
