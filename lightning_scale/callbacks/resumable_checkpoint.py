@@ -34,9 +34,16 @@ from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
 from lightning_scale.checkpoint.background import BackgroundWriter, HostStager
 from lightning_scale.checkpoint.cadence import AutoCadence
-from lightning_scale.checkpoint.manifest import PREVIOUS_SUFFIX, Manifest, find_newest_valid, list_manifests
+from lightning_scale.checkpoint.manifest import (
+    PREVIOUS_SUFFIX,
+    UNFINISHED,
+    Manifest,
+    find_newest_valid,
+    list_manifests,
+)
 from lightning_scale.checkpoint.progress import ProgressMarker, ResumeInfo
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore, UnusableStorageError
+from lightning_scale.checkpoint.unvouched import find_newest_unvouched
 from lightning_scale.checkpoint.writer import CheckpointWriter
 from lightning_scale.errors import ConfigurationError, UsageError
 
@@ -416,14 +423,13 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     def _choose_resume_checkpoint(self, trainer: pl.Trainer) -> str | None:
         if trainer.global_step > 0:
             return None  # a second fit on this Trainer continues from memory, which is at least as new
-        manifest, skipped = self._on_storage(lambda: find_newest_valid(self.store), "Looking for a checkpoint")
-        for line in skipped:
-            rank_zero_warn(f"Not resuming from {line}; looking for an older valid checkpoint.")
-        if manifest is None:
+        path, manifest = self._on_storage(lambda: _newest_resumable(self.store), "Looking for a checkpoint")
+        if path is None:
             rank_zero_info(f"No valid checkpoint in {self.dirpath}: starting from scratch.")
             return None
-        _check_same_model(manifest, trainer.lightning_module, self.store.url(manifest.name))
-        path = self.store.url(manifest.name)
+        if manifest is None:
+            return path  # written by a stock ModelCheckpoint: no manifest to check it against or to show
+        _check_same_model(manifest, trainer.lightning_module, path)
         if trainer.is_global_zero:  # for the banner at on_train_start, once every callback has restored its state
             last_seen = self._progress.last_step() if self._progress is not None else None
             age_s = time.time() - manifest.created_unix
@@ -680,11 +686,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
 
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
-        store = CheckpointStore(str(self.dirpath or _default_dirpath(trainer)))
-        manifest, skipped = find_newest_valid(store)
-        for line in skipped:
-            rank_zero_warn(f"Not resuming from {line}; looking for an older valid checkpoint.")
-        return set() if manifest is None else {store.url(manifest.name)}
+        path, _ = _newest_resumable(CheckpointStore(str(self.dirpath or _default_dirpath(trainer))))
+        return set() if path is None else {path}
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -705,6 +708,26 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self._generation = state_dict.get("generation", 0)
         if state_dict.get("global_step") is not None:
             self._resumed_at = (self._generation, state_dict["global_step"])
+
+
+def _newest_resumable(store: CheckpointStore) -> tuple[str | None, Manifest | None]:
+    """The checkpoint to resume from and its manifest: the newest valid one with a manifest, else the newest complete
+    training checkpoint that a stock ``ModelCheckpoint`` wrote (no manifest); warns about each newer one skipped."""
+    manifest, skipped = find_newest_valid(store)
+    path = None if manifest is None else store.url(manifest.name)
+    if manifest is None:  # a run that switched from ModelCheckpoint: judge its files by their content
+        name, unvouched = find_newest_unvouched(store)
+        skipped = [line for line in skipped if not line.endswith(UNFINISHED)] + unvouched
+        if name is not None:
+            path = store.url(name)
+            rank_zero_info(
+                f"Resuming from {path}, which has no manifest (a stock ModelCheckpoint wrote it): it was checked as a "
+                "complete training checkpoint instead. The checkpoints of this run carry manifests. Lightning may warn "
+                "that the ModelCheckpoint callback is missing: its state (best and top-k paths) is not carried over."
+            )
+    for line in skipped:
+        rank_zero_warn(f"Not resuming from {line}; looking for an older valid checkpoint.")
+    return path, manifest
 
 
 def _default_dirpath(trainer: pl.Trainer) -> str:

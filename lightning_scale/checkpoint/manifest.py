@@ -39,6 +39,8 @@ PARTIAL_SUFFIX = ".partial"
 """A file being written (``.<name>.partial``): never a checkpoint, removed at the next start."""
 MANIFEST_VERSION = 1
 PREVIOUS_SUFFIX = ".previous"
+UNFINISHED = "no valid manifest (the save did not finish)"
+"""How :func:`find_newest_valid` describes a checkpoint file without a manifest."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,13 +225,6 @@ def find_newest_valid(store: CheckpointStore) -> tuple[Manifest | None, list[str
             break
         skipped.append(f"{store.url(manifest.name)}: {reason}")
     for name in orphans:
-        if chosen is None or _modified_unix(store, name) >= chosen.created_unix:
-            skipped.append(f"{store.url(name)}: no valid manifest (the save did not finish)")
+        if chosen is None or store.modified_unix(name) >= chosen.created_unix:
+            skipped.append(f"{store.url(name)}: {UNFINISHED}")
     return chosen, skipped
-
-
-def _modified_unix(store: CheckpointStore, name: str) -> float:
-    try:
-        return float(store.fs.modified(store.path(name)).timestamp())
-    except (OSError, NotImplementedError, AttributeError, ValueError):
-        return float("inf")  # unknown age: report it rather than hide it

@@ -130,6 +130,13 @@ class CheckpointStore:
     def size(self, name: str) -> int:
         return int(self.fs.size(self.path(name)))
 
+    def modified_unix(self, name: str) -> float:
+        """When ``name`` was last written (Unix time); ``inf`` when the filesystem cannot say."""
+        try:
+            return float(self.fs.modified(self.path(name)).timestamp())
+        except (OSError, NotImplementedError, AttributeError, ValueError):
+            return float("inf")
+
     def names(self) -> list[str]:
         """Names of the files directly inside the directory; empty when it does not exist."""
         try:
@@ -148,6 +155,10 @@ class CheckpointStore:
         with self.fs.open(self.path(name), "rb") as handle:
             while chunk := handle.read(knobs.HASH_CHUNK_BYTES):
                 yield chunk
+
+    def open(self, name: str) -> BinaryIO:
+        """``name`` opened for reading, seekable (an object store's file is read in ranges as it is read)."""
+        return self.fs.open(self.path(name), "rb")  # type: ignore[no-any-return]
 
     def read_bytes(self, name: str) -> bytes:
         with self.fs.open(self.path(name), "rb") as handle:

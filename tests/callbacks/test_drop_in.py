@@ -279,3 +279,72 @@ def test_wandb_log_model_uploads_each_checkpoint_only_with_save_top_k_minus_one(
     artifacts = [json.loads(r.artifact.metadata) for r in records if r.WhichOneof("record_type") == "artifact"]
     assert [a["original_filename"] for a in artifacts] == uploaded
     assert {a["ResumableCheckpoint"]["save_top_k"] for a in artifacts} == {save_top_k}
+
+
+class CountsSteps(TunableMLP):
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps_run = 0
+
+    def training_step(self, batch, batch_idx):
+        self.steps_run += 1
+        return super().training_step(batch, batch_idx)
+
+
+def stock_run(tmp_path, **checkpoint_kwargs) -> Path:
+    """Four steps of a project as it was before the switch: a stock ModelCheckpoint every 2 steps."""
+    dirpath = tmp_path / "ckpts"
+    stock = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_top_k=-1, **checkpoint_kwargs)
+    seed_everything(0)
+    trainer = Trainer(accelerator="cpu", max_steps=4, callbacks=[stock], logger=False, enable_progress_bar=False,
+                      limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(TunableMLP(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
+    return dirpath
+
+
+def switched_run(dirpath: Path, ckpt_path: str | None = None) -> CountsSteps:
+    model = CountsSteps()
+    trainer = Trainer(accelerator="cpu", max_steps=6, callbacks=[ResumableCheckpoint(dirpath=str(dirpath))],
+                      logger=False, enable_progress_bar=False, limit_val_batches=0,
+                      default_root_dir=dirpath.parent)  # fmt: skip
+    trainer.fit(model, datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}), ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.mark.parametrize("ckpt_path", [None, "last"])
+def test_a_project_switching_from_model_checkpoint_resumes_from_its_newest_file_with_a_message(
+    tmp_path, caplog, ckpt_path
+):
+    dirpath = stock_run(tmp_path)
+    with caplog.at_level("INFO"):
+        model = switched_run(dirpath, ckpt_path)
+    assert model.steps_run == 2  # steps 5 and 6: it went on from step 4
+    assert "Resuming from" in caplog.text and "epoch=0-step=4.ckpt, which has no manifest" in caplog.text
+    manifest, _ = find_newest_valid(CheckpointStore(str(dirpath)))
+    assert manifest is not None and manifest.global_step == 6
+    assert {"epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"} <= {p.name for p in dirpath.iterdir()}  # never removed
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [("truncate", "not a complete torch.save archive"), ("flip", "its entry .* fails the CRC check")],
+)
+def test_a_damaged_stock_file_is_skipped_with_its_reason_and_the_older_one_resumes(tmp_path, damage, reason):
+    dirpath = stock_run(tmp_path)
+    newest = dirpath / "epoch=0-step=4.ckpt"
+    data = bytearray(newest.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:  # one byte inside the stored tensors: only the CRC check sees it
+        data[len(data) // 3] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match=rf"Not resuming from .*epoch=0-step=4.ckpt: {reason}"):
+        model = switched_run(dirpath)
+    assert model.steps_run == 4  # from step 2
+
+
+def test_a_weights_only_stock_file_is_not_resumed_from(tmp_path):
+    dirpath = stock_run(tmp_path, save_weights_only=True)
+    with pytest.warns(UserWarning, match=r"epoch=0-step=4.ckpt: it holds weights only"):
+        model = switched_run(dirpath)
+    assert model.steps_run == 6  # from scratch
