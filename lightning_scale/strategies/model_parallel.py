@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import ModelParallelStrategy as LightningModelParallelStrategy
@@ -43,6 +43,8 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
 
     Args:
         tensor_parallel_size: Ranks per tensor-parallel group; must divide the world size (the rest is data parallel).
+            ``"auto"``: the processes of one node, as in Lightning's class (whose default it is; here it is 1).
+        data_parallel_size: ``"auto"`` (the world size over ``tensor_parallel_size``), or that number, checked.
         min_params_to_shard: Without an ``nn.ModuleList``, children below this many parameters stay in the root unit.
         save_distributed_checkpoint: A directory of shards (``True``) or one file assembled on rank 0 (``False``).
         process_group_backend: ``gloo`` or ``nccl`` (default: by device).
@@ -57,37 +59,45 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
 
     def __init__(
         self,
-        tensor_parallel_size: int = 1,
+        tensor_parallel_size: int | Literal["auto"] = 1,
         min_params_to_shard: int = 100_000,
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
+        data_parallel_size: int | Literal["auto"] = "auto",
         **kwargs: Any,
     ) -> None:
-        if tensor_parallel_size < 1:
-            raise ConfigurationError(
-                f"tensor_parallel_size={tensor_parallel_size} must be >= 1 (--trainer.strategy.tensor_parallel_size)."
-            )
+        for name, size in (("tensor_parallel_size", tensor_parallel_size), ("data_parallel_size", data_parallel_size)):
+            if size != "auto" and not (isinstance(size, int) and size >= 1):
+                raise ConfigurationError(f"{name}={size!r} must be >= 1 or 'auto' (--trainer.strategy.{name}).")
         if min_params_to_shard < 1:
             raise ConfigurationError(f"min_params_to_shard={min_params_to_shard} must be >= 1.")
         super().__init__(
-            data_parallel_size=1,  # set from the world size once it is known
-            tensor_parallel_size=tensor_parallel_size,
+            data_parallel_size=1,  # both set from the world size once it is known
+            tensor_parallel_size=1,
             save_distributed_checkpoint=save_distributed_checkpoint,
             process_group_backend=process_group_backend,
             **kwargs,
         )
         self.tensor_parallel_size = tensor_parallel_size
+        self.data_parallel_size = data_parallel_size
         self.min_params_to_shard = min_params_to_shard
 
     @override
     def setup_environment(self) -> None:
         self.set_world_ranks()
-        if self.world_size % self.tensor_parallel_size:
+        tensor = self.num_processes if self.tensor_parallel_size == "auto" else self.tensor_parallel_size
+        if self.world_size % tensor:
             raise ConfigurationError(
-                f"tensor_parallel_size={self.tensor_parallel_size} does not divide the world size {self.world_size}; "
+                f"tensor_parallel_size={tensor} does not divide the world size {self.world_size}; "
                 "choose a divisor (--trainer.strategy.tensor_parallel_size), the rest becomes data parallel."
             )
-        self._data_parallel_size = self.world_size // self.tensor_parallel_size
+        data = self.world_size // tensor
+        if self.data_parallel_size not in ("auto", data):
+            raise ConfigurationError(
+                f"data_parallel_size={self.data_parallel_size} times tensor_parallel_size={tensor} is not the world "
+                f"size {self.world_size}; leave data_parallel_size='auto' (the default) to use the rest, {data}."
+            )
+        self._tensor_parallel_size, self._data_parallel_size = tensor, data
         distributed.init_process_group_per_attempt(
             self._get_process_group_backend(), self.global_rank, self.world_size, self._timeout
         )
@@ -110,11 +120,11 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
     def _parallelize(self, module: pl.LightningModule) -> None:
         units = sharding_units(module, self.min_params_to_shard)
         mesh = self.device_mesh
-        if self.tensor_parallel_size > 1:
+        if self._tensor_parallel_size > 1:
             plan_hook = getattr(module, "tensor_parallel_plan", None)
             plan = plan_hook() if callable(plan_hook) else default_tensor_parallel_plan(module, units)
             apply_tensor_parallel(module, mesh["tensor_parallel"], plan)
-            rank_zero_info(f"model_parallel: tensor parallel over {self.tensor_parallel_size} ranks: {sorted(plan)}")
+            rank_zero_info(f"model_parallel: tensor parallel over {self._tensor_parallel_size} ranks: {sorted(plan)}")
         apply_fsdp(module, units, mesh["data_parallel"])
         names = ", ".join(name for name, _ in units)
         rank_zero_info(f"model_parallel: FSDP2 over {self._data_parallel_size} ranks, units: {names} and the root")

@@ -34,6 +34,10 @@ LOSS_SEND_GRACE = timedelta(seconds=60)
 log = logging.getLogger(__name__)
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble"]
 # name: (torch class, stages per rank it needs by default, how stages map to ranks, several stages per rank)
+_PARALLEL_ARGUMENTS = {"accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin",
+                       "timeout", "start_method"}  # fmt: skip
+"""``DDPStrategy`` arguments that apply to a pipeline too; the others configure DDP's wrapper, which it has not."""
+
 SCHEDULES: dict[str, tuple[type, int, str, bool]] = {
     "gpipe": (pipelining.ScheduleGPipe, 1, LOOPED, False),
     "1f1b": (pipelining.Schedule1F1B, 1, LOOPED, False),
@@ -126,6 +130,12 @@ class PipelineParallelStrategy(DDPStrategy):
             raise ConfigurationError(f"pipeline_size={pipeline_size} must be >= 1 (--trainer.strategy.pipeline_size).")
         if timeout is not None:
             kwargs["timeout"] = timeout
+        ddp_only = {name for name, value in kwargs.items() if value is not None} - _PARALLEL_ARGUMENTS
+        if ddp_only:
+            raise ConfigurationError(
+                f"pipeline_parallel runs a pipeline schedule and does not wrap the model in DDP, so {sorted(ddp_only)} "
+                "would do nothing: drop them (its replicas average their gradients themselves)."
+            )
         super().__init__(process_group_backend=process_group_backend, **kwargs)
         self.schedule = schedule
         self.n_microbatches = n_microbatches

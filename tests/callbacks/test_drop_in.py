@@ -348,3 +348,35 @@ def test_a_weights_only_stock_file_is_not_resumed_from(tmp_path):
     with pytest.warns(UserWarning, match=r"epoch=0-step=4.ckpt: it holds weights only"):
         model = switched_run(dirpath)
     assert model.steps_run == 6  # from scratch
+
+
+class BatchSized(TunableMLP):
+    """A module that owns its loader and its batch size, as ``Tuner.scale_batch_size`` needs."""
+
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self):
+        samples = [{"x": torch.randn(16), "y": torch.randn(1)} for _ in range(256)]
+        return DataLoader(samples, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader([{"x": torch.randn(16), "y": torch.randn(1)} for _ in range(8)], batch_size=4)
+
+
+def test_scale_batch_size_and_then_fit_work_with_the_default_callbacks(tmp_path):
+    seed_everything(0)
+    callbacks = [ResumableCheckpoint(dirpath=str(tmp_path / "ckpts"), every_n_train_steps=5), CostTracker(1.0)]
+    trainer = Trainer(accelerator="cpu", max_steps=10, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                      limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    model = BatchSized()
+    trials = {"mode": "power", "steps_per_trial": 2, "max_trials": 3}
+    found = Tuner(trainer).scale_batch_size(model, **trials)
+    stock = Trainer(accelerator="cpu", max_steps=10, callbacks=[ModelCheckpoint(dirpath=tmp_path / "stock")],
+                    logger=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    assert found == model.batch_size == Tuner(stock).scale_batch_size(BatchSized(), **trials)
+    trainer.fit(model)
+    assert trainer.global_step == 10
+    names = sorted(p.name for p in (tmp_path / "ckpts").glob("*.ckpt"))
+    assert names == ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt"]

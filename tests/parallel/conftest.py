@@ -24,12 +24,14 @@ def checkpoints(tmp_path_factory) -> Path:
 def two_processes(tmp_path_factory, checkpoints) -> dict[str, dict]:
     """Every 2-process comparison run, accumulating 2 batches per step; ``ddp`` is Lightning's stock DDPStrategy."""
     runs = {
-        "ddp": {"strategy": "ddp"},
-        "zero": {"strategy_kwargs": {"zero_stage": 1}, "count_allreduce": True, "save_to": str(checkpoints / "zero")},
+        "ddp": {"strategy": "ddp", "contract": True},
+        "zero": {"strategy_kwargs": {"zero_stage": 1}, "count_allreduce": True, "save_to": str(checkpoints / "zero"),
+                 "contract": True},
         "fp16": {"strategy_kwargs": {"grad_compression": "fp16"}},
         "powersgd": {"strategy_kwargs": POWERSGD},
         "bf16": {"strategy_kwargs": {"grad_compression": "bf16"}},
-        "fsdp": {"strategy": "model_parallel", "strategy_kwargs": FSDP, "save_to": str(checkpoints / "fsdp")},
+        "fsdp": {"strategy": "model_parallel", "strategy_kwargs": FSDP, "save_to": str(checkpoints / "fsdp"),
+                 "contract": True},
         "user": {"strategy": "model_parallel", "user_configure_model": True},
         "tp-mlps": {"strategy": "model_parallel", "strategy_kwargs": {"tensor_parallel_size": 2}},
         "tp-mlps-and-attention-heads": {

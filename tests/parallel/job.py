@@ -1,7 +1,8 @@
 """One training run of the example transformer under ``ddp``, ``data_parallel`` or ``model_parallel``.
 
 python -m tests.parallel.job CONFIG.json     (or several such configs under "runs": tests/jobs.py)
-(config: out, steps, devices, strategy, strategy_kwargs, accumulate, count_allreduce, save_to, resume_from)
+(config: out, steps, devices, strategy, strategy_kwargs, accumulate, count_allreduce, save_to, resume_from,
+contract: after fit, the strategy's collectives and a ``validate`` on the same Trainer, as Lightning's contract says)
 """
 
 from __future__ import annotations
@@ -85,16 +86,33 @@ def run(config: dict) -> None:
         model = LinearAttentionModel(dropout=0.0)
     else:
         model = Model(dropout=0.0)
-    trainer.fit(model, datamodule=CharDataModule(batch_size=8), ckpt_path=config.get("resume_from"))
+    data = CharDataModule(batch_size=8)
+    trainer.fit(model, datamodule=data, ckpt_path=config.get("resume_from"))
     if config.get("save_to"):
         trainer.save_checkpoint(config["save_to"])
+    contract = inherited_contract(trainer, model, data) if config.get("contract") else None
     memory = distributed.all_gather_object(training_state_bytes(model, trainer.optimizers))
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if trainer.global_rank == 0:
         torch.save(weights, out / "weights.pt")
         result = {"losses": record.losses, "allreduce_calls": record.allreduce_calls, "memory": memory,
-                  "restored_state_sum": record.restored_state_sum}  # fmt: skip
+                  "restored_state_sum": record.restored_state_sum, "contract": contract}  # fmt: skip
         (out / "result.json").write_text(json.dumps(result))
+
+
+def inherited_contract(trainer: pl.Trainer, model: pl.LightningModule, data: pl.LightningDataModule) -> dict:
+    """What a strategy promises as a Lightning ``Strategy``, seen from rank 0: collectives and ``validate``."""
+    strategy, rank = trainer.strategy, trainer.global_rank
+    trainer.limit_val_batches = 2
+    return {
+        "broadcast": strategy.broadcast(f"from rank {rank}"),
+        "reduce_sum": float(strategy.reduce(torch.tensor(rank + 1.0), reduce_op="sum")),
+        "reduce_mean": float(strategy.reduce(torch.tensor(rank + 1.0))),
+        "all_gather": strategy.all_gather(torch.tensor([rank])).flatten().tolist(),
+        "any_rank": strategy.reduce_boolean_decision(rank == 1, all=False),
+        "every_rank": strategy.reduce_boolean_decision(rank == 1, all=True),
+        "validate": trainer.validate(model, datamodule=data, verbose=False),
+    }
 
 
 if __name__ == "__main__":
