@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Generator
 from contextlib import contextmanager, nullcontext
@@ -16,6 +17,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -37,6 +39,12 @@ Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleav
 _PARALLEL_ARGUMENTS = {"accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin",
                        "timeout", "start_method"}  # fmt: skip
 """``DDPStrategy`` arguments that apply to a pipeline too; the others configure DDP's wrapper, which it has not."""
+_DDP_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(DistributedDataParallel.__init__).parameters.items()
+    if parameter.default is not inspect.Parameter.empty
+}
+"""The wrapper's arguments as they are when nobody sets them (the command line passes them all)."""
 
 SCHEDULES: dict[str, tuple[type, int, str, bool]] = {
     "gpipe": (pipelining.ScheduleGPipe, 1, LOOPED, False),
@@ -130,7 +138,7 @@ class PipelineParallelStrategy(DDPStrategy):
             raise ConfigurationError(f"pipeline_size={pipeline_size} must be >= 1 (--trainer.strategy.pipeline_size).")
         if timeout is not None:
             kwargs["timeout"] = timeout
-        ddp_only = {name for name, value in kwargs.items() if value is not None} - _PARALLEL_ARGUMENTS
+        ddp_only = {name for name, value in kwargs.items() if value != _DDP_DEFAULTS.get(name)} - _PARALLEL_ARGUMENTS
         if ddp_only:
             raise ConfigurationError(
                 f"pipeline_parallel runs a pipeline schedule and does not wrap the model in DDP, so {sorted(ddp_only)} "

@@ -54,6 +54,7 @@ def test_the_command_line_takes_the_stock_arguments_too(capsys, name, flags):
 def test_pipeline_parallel_refuses_the_arguments_of_ddps_wrapper_with_the_reason(argument):
     with pytest.raises(ValueError, match=rf"does not wrap the model in DDP, so \['{next(iter(argument))}'\]"):
         PipelineParallelStrategy(**argument)
+    PipelineParallelStrategy(find_unused_parameters=False, static_graph=False, dim=0)  # as the command line passes them
 
 
 def test_a_data_parallel_size_that_does_not_fit_the_world_is_refused_before_training(tmp_path):
