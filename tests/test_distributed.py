@@ -28,7 +28,7 @@ def test_missing_process_group_in_a_multi_process_job_is_an_error(monkeypatch):
 
 
 def test_a_process_that_ends_freezes_its_heap_and_one_that_goes_on_does_not():
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0  # nothing imported so far froze this process (see data/_forkserver_setup.py)
     distributed.destroy_process_group()
     assert gc.get_freeze_count() == 0  # called from Python, e.g. between two jobs: the collector stays as it was
     try:
@@ -36,3 +36,12 @@ def test_a_process_that_ends_freezes_its_heap_and_one_that_goes_on_does_not():
         assert gc.get_freeze_count() > 0  # the interpreter's final collection skips what is alive now
     finally:
         gc.unfreeze()
+
+
+def test_importing_the_forkserver_setup_outside_a_forkserver_freezes_nothing():
+    import importlib
+
+    import lightning_scale.data._forkserver_setup as setup
+
+    importlib.reload(setup)
+    assert gc.get_freeze_count() == 0
