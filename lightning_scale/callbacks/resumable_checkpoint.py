@@ -1,8 +1,12 @@
-"""Atomic, validated, auto-resuming checkpoints: a drop-in subclass of Lightning's ``ModelCheckpoint``."""
+"""Atomic, validated, auto-resuming checkpoints: a drop-in subclass of Lightning's ``ModelCheckpoint``.
+
+The Lightning glue only: when to save and what (Lightning's checkpoint of the Trainer), which checkpoint to resume
+from, and the callbacks it adds. How files are written is :mod:`lightning_scale.checkpoint.saver`'s, the decisions
+over manifests are :mod:`lightning_scale.checkpoint.resume`'s, the time trigger is ``checkpoint.cadence.SaveTimer``.
+"""
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 import warnings
@@ -27,29 +31,29 @@ from lightning_scale._lightning_internals import (
     writes_sharded_checkpoints,
 )
 from lightning_scale._process_local import ProcessLocal
+from lightning_scale.callbacks._checkpoint_arguments import checked_every_n_minutes
 from lightning_scale.callbacks._checkpoint_io import ShardedAwareCheckpointIO, plugin_save_file
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
-from lightning_scale.callbacks.cost_tracker import CostTracker
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
-from lightning_scale.checkpoint.background import BackgroundWriter, HostStager
-from lightning_scale.checkpoint.cadence import AutoCadence
-from lightning_scale.checkpoint.manifest import (
-    PREVIOUS_SUFFIX,
-    UNFINISHED,
-    Manifest,
-    find_newest_valid,
-    list_manifests,
-)
+from lightning_scale.checkpoint.background import WriteResult
+from lightning_scale.checkpoint.cadence import SaveTimer
 from lightning_scale.checkpoint.progress import ProgressMarker, ResumeInfo
-from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore, UnusableStorageError
-from lightning_scale.checkpoint.unvouched import find_newest_unvouched
+from lightning_scale.checkpoint.rank_zero import on_storage
+from lightning_scale.checkpoint.resume import (
+    ResumeChoice,
+    check_same_model,
+    choose_resume,
+    expired,
+    newer_checkpoints,
+    tensor_shapes,
+)
+from lightning_scale.checkpoint.saver import SaveHooks, Saver, SaveRequest, make_saver
+from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.checkpoint.writer import CheckpointWriter
-from lightning_scale.errors import ConfigurationError, UsageError
+from lightning_scale.errors import ConfigurationError
 
 __all__ = ["ResumableCheckpoint"]
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -66,7 +70,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
       measured save time ``C`` (median of the last 5 saves; 10 s assumed before the first) and that mean time ``M``,
       re-evaluated after every save and logged as ``checkpoint/interval_minutes`` with ``checkpoint/save_seconds``;
     - **asynchronous**: with ``async_save=True`` training is blocked only while the state is gathered and copied to
-      host memory; rank 0 then writes, uploads and publishes it on a background thread. At most one state is in
+      host memory; rank 0 (every rank, for shards) then writes, uploads and publishes it on a background thread,
+      shards over a process group of the writer threads. At most one state is in
       flight: the next save (and the end of fit) waits for the previous one. A background save that fails is reported
       at once and never published, so the previous valid checkpoint stays the one to resume from, and training goes
       on; ``save_now`` (preemption) waits for the save in flight, then saves synchronously;
@@ -141,8 +146,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
 
     METRIC_KEYS = ("checkpoint/interval_minutes", "checkpoint/save_seconds")
     PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {
-        "_writer": BackgroundWriter, "_stager": HostStager, "_staged": None, "_checkpoint_writer": None,
-        "_save_group": None, "_trainer": None, "_store": None, "_cache": None, "_progress": None,
+        "_saver": None, "_trainer": None, "_store": None, "_progress": None, "_timer": None,
     }  # fmt: skip
 
     def __init__(
@@ -173,52 +177,12 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         save_on_train_epoch_end: bool | None = None,
         enable_version_counter: bool = True,
     ) -> None:
-        if save_weights_only:
-            raise ConfigurationError(
-                "ResumableCheckpoint saves the full training state, so that a run resumes where it stopped; "
-                "save_weights_only=True would make every checkpoint unresumable. For weights-only files, add a stock "
-                "lightning.pytorch.callbacks.ModelCheckpoint(save_weights_only=True) beside it."
-            )
-        if save_top_k < -1:
-            raise ConfigurationError(f"save_top_k={save_top_k} must be >= -1, as in ModelCheckpoint (-1 keeps all).")
-        if monitor is None and save_top_k > 1:
-            raise ConfigurationError(
-                f"save_top_k={save_top_k} ranks checkpoints by a metric: set monitor=..., or keep the {save_top_k} "
-                f"newest with keep_last_k={save_top_k} (without a monitor, save_top_k is -1, 0 or 1, as in "
-                "ModelCheckpoint)."
-            )
-        if train_time_interval is not None:
-            if every_n_minutes is not None:
-                raise ConfigurationError(
-                    f"Pass either train_time_interval={train_time_interval} (ModelCheckpoint's name) or "
-                    f"every_n_minutes={every_n_minutes!r}, not both: they set the same trigger."
-                )
-            every_n_minutes = train_time_interval.total_seconds() / 60.0
-        auto = every_n_minutes == "auto"
-        if auto != (mean_time_between_interruptions_hours is not None):
-            raise ConfigurationError(
-                "every_n_minutes='auto' and mean_time_between_interruptions_hours go together: the interval comes "
-                "from the save cost and that mean time (e.g. ResumableCheckpoint(every_n_minutes='auto', "
-                "mean_time_between_interruptions_hours=6))."
-            )
-        if auto and not mean_time_between_interruptions_hours > 0:  # type: ignore[operator]
-            raise ConfigurationError(
-                f"mean_time_between_interruptions_hours={mean_time_between_interruptions_hours} must be > 0."
-            )
-        if every_n_minutes is not None and not auto and not every_n_minutes > 0:  # type: ignore[operator]
-            raise ConfigurationError(
-                f"every_n_minutes={every_n_minutes} must be > 0; use None to save on steps or epochs only "
-                "(ResumableCheckpoint(every_n_minutes=...))."
-            )
-        if keep_last_k is not None and keep_last_k < 1:
-            raise ConfigurationError(
-                f"keep_last_k={keep_last_k} must be >= 1 so the newest checkpoint survives; use None to keep all "
-                "(ResumableCheckpoint(keep_last_k=...))."
-            )
-        if filename is not None and "/" in filename:
-            raise ConfigurationError(
-                f"filename={filename!r} must not contain '/'; put directories into dirpath instead."
-            )
+        every_n_minutes = checked_every_n_minutes(
+            filename=filename, monitor=monitor, every_n_minutes=every_n_minutes,
+            mean_time_between_interruptions_hours=mean_time_between_interruptions_hours,
+            train_time_interval=train_time_interval, keep_last_k=keep_last_k, save_top_k=save_top_k,
+            save_weights_only=save_weights_only,
+        )  # fmt: skip
         only_time = every_n_minutes is not None and every_n_train_steps is None and every_n_epochs is None
         super().__init__(
             dirpath=dirpath,
@@ -237,17 +201,15 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         )
         self.every_n_minutes = every_n_minutes
         self.mean_time_between_interruptions_hours = mean_time_between_interruptions_hours
-        self._cadence = AutoCadence(mean_time_between_interruptions_hours * 3600.0) if auto else None  # type: ignore[operator]
         self.async_save = async_save
         self.sharded = sharded
         self.local_cache_dir = local_cache_dir
-        self._cache: CheckpointStore | None = None
-        self._sharded = bool(sharded)
         self.keep_last_k = keep_last_k
         self.auto_resume = auto_resume
         self.data_state = data_state
         self.strict_resume = strict_resume
         self.wandb_resume = wandb_resume
+        self._sharded = bool(sharded)
         self._run_id: str | None = None
         self._generation = 0
         self._resumed_at: tuple[int, int] | None = None
@@ -256,20 +218,17 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self._progress_from: int | None = None  # the step this fit's training started from
         self._trainer: pl.Trainer | None = None
         self._store: CheckpointStore | None = None
+        self._saver: Saver | None = None
+        self._timer: SaveTimer | None = None
         self._clock: Callable[[], float] = time.monotonic
-        self._last_save_time = 0.0
+        self._synchronous = False
+        self._failed: list[str] = []  # names of the background saves found failed at the last collection
         self.last_save_seconds: float | None = None
         """Wall time of the latest finished save, from building the state to the published manifest."""
         self.last_blocked_seconds: float | None = None
         """Time training waited for the latest save (with ``async_save``: gathering and copying the state)."""
         self.failed_saves = 0
         """Background saves that failed on this rank (each was reported when it happened)."""
-        self._writer = BackgroundWriter()
-        self._stager = HostStager()
-        self._staged: tuple[int, dict[str, Any] | None, dict[str, Any]] | None = None
-        self._synchronous = False
-        self._checkpoint_writer: CheckpointWriter | None = None
-        self._save_group: Any = None
 
     @staticmethod
     def of(trainer: pl.Trainer, needed_by: str) -> ResumableCheckpoint:
@@ -292,21 +251,21 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         return self._store
 
     @property
-    def _files(self) -> CheckpointWriter:
-        """Writes, uploads and removes this callback's checkpoint files (from ``setup`` on)."""
-        if self._checkpoint_writer is None:
-            raise RuntimeError("ResumableCheckpoint writes checkpoints once setup() resolved dirpath.")
-        return self._checkpoint_writer
+    def _saving(self) -> Saver:
+        if self._saver is None:
+            raise RuntimeError("ResumableCheckpoint saves from setup() of fit on.")
+        return self._saver
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = _default_dirpath(trainer)
-        self._setup_format(trainer, stage)
+        native = self._setup_format(trainer, stage)
+        cache = None
         if stage == "fit":  # before ModelCheckpoint lists the directory, so that every rank fails alike
             self._store = CheckpointStore(str(self.dirpath))
-            self._on_storage(self.store.check_writable)
-            self._setup_cache()
+            self._on_storage(self.store.check_writable, "Checkpoint storage")
+            cache = self._setup_cache()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)  # a non-empty directory is what resuming looks like
@@ -314,11 +273,21 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if stage != "fit":
             return
         self._trainer = trainer
-        self._checkpoint_writer = CheckpointWriter(self.store, self._cache, self._retain, self._plugin(trainer))
-        self._on_storage(self._files.remove_partial_files, "Cleaning unfinished saves")
+        files = CheckpointWriter(self.store, cache, self._retain, self._plugin(trainer))
+        self._on_storage(files.remove_partial_files, "Cleaning unfinished saves")
+        hooks = SaveHooks(durable=self._durable, landed=self._landed, warn=rank_zero_warn, clock=self._clock)
+        self._saver = make_saver(files, hooks, self._sharded, native, self.async_save)
+        if self.every_n_minutes is not None and self._timer is None:
+            self._timer = SaveTimer(self.every_n_minutes, self.mean_time_between_interruptions_hours, self._clock)
         self._run_id = distributed.broadcast_object(uuid.uuid4().hex)
         self._generation, self._resumed_at = 0, None
         self._progress, self._progress_from = ProgressMarker(self.store), None
+        self._add_companions(trainer)
+        if self.auto_resume:
+            restore_from_when_unset(trainer, lambda: self._choose_resume_checkpoint(trainer))
+
+    def _add_companions(self, trainer: pl.Trainer) -> None:
+        """A ``DataStateCheckpoint`` (strict with ``strict_resume``), and a ``WandbResume`` beside a ``WandbLogger``."""
         data_states = [cb for cb in trainer.callbacks if isinstance(cb, DataStateCheckpoint)]
         if self.data_state and not data_states:
             data_states = [DataStateCheckpoint()]
@@ -328,8 +297,6 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         wandb = any(isinstance(logger, WandbLogger) for logger in trainer.loggers)
         if self.wandb_resume and wandb and not any(isinstance(cb, WandbResume) for cb in trainer.callbacks):
             trainer.callbacks.append(WandbResume())
-        if self.auto_resume:
-            restore_from_when_unset(trainer, lambda: self._choose_resume_checkpoint(trainer))
 
     def _plugin(self, trainer: pl.Trainer) -> Callable[[dict[str, Any], str], None] | None:
         """The user's ``CheckpointIO`` plugin, which writes every single-file checkpoint (``None``: Lightning's)."""
@@ -342,20 +309,22 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             )
         return save_file
 
-    def _setup_cache(self) -> None:
+    def _setup_cache(self) -> CheckpointStore | None:
         if self.local_cache_dir is None:
-            return
-        self._cache = CheckpointStore(self.local_cache_dir)
-        if not self._cache.is_local:
+            return None
+        cache = CheckpointStore(self.local_cache_dir)
+        if not cache.is_local:
             raise ConfigurationError(f"local_cache_dir={self.local_cache_dir!r} must be a local directory (fast disk).")
         if self._sharded:
             raise ConfigurationError(
                 "ResumableCheckpoint(local_cache_dir=...) stages single files on rank 0's disk; sharded checkpoints "
                 "are written by every rank: drop local_cache_dir, or save single files (sharded=False)."
             )
-        self._on_storage(self._cache.check_writable)
+        self._on_storage(cache.check_writable, "Checkpoint storage")
+        return cache
 
-    def _setup_format(self, trainer: pl.Trainer, stage: str) -> None:
+    def _setup_format(self, trainer: pl.Trainer, stage: str) -> bool:
+        """Choose single files or shards; return whether the strategy writes its own shards (``native``)."""
         native = writes_sharded_checkpoints(trainer.strategy)  # its state dict holds shards; it loads directories
         self._sharded = native if self.sharded is None else self.sharded
         name = type(trainer.strategy).__name__
@@ -377,29 +346,27 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             )
         if self._sharded and not native and not isinstance(trainer.strategy.checkpoint_io, ShardedAwareCheckpointIO):
             trainer.strategy.checkpoint_io = ShardedAwareCheckpointIO(trainer.strategy.checkpoint_io)
-        if stage == "fit" and self._sharded and self.async_save and self._save_group is None:
-            self._save_group = distributed.new_group("gloo")  # the writer threads' collectives, apart from training's
+        return native
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._finish_background_saves(trainer)
-        self._writer.close()
-        self._stager.clear()
-        distributed.destroy_group(self._save_group)
-        self._save_group = None
+        if self._saver is not None:
+            self._saver.close()
+            self._saver = None
         super().teardown(trainer, pl_module, stage)
         self._trainer = None
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
-        self._finish_background_saves(trainer)
+        self._saving.finish()
         self._record_progress(trainer, force=True)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
-        self._finish_background_saves(trainer)  # the save in flight holds a valid earlier state: let it land
+        if self._saver is not None:
+            self._saver.finish()  # the save in flight holds a valid earlier state: let it land
         self._record_progress(trainer, force=True)
 
     def _record_progress(self, trainer: pl.Trainer, force: bool = False) -> None:
@@ -408,45 +375,38 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if trainer.is_global_zero and self._progress is not None and started:
             self._progress.record(trainer.global_step, force=force)
 
-    def _on_storage(self, fn: Callable[[], T], what: str = "", every_rank: bool = False) -> T:
-        """Run storage work on rank 0 (or every rank) and raise ``CheckpointStorageError`` on all ranks if it fails."""
-        try:
-            return distributed.on_every_rank(fn) if every_rank else distributed.on_rank_zero(fn)
-        except distributed.RankFailedError as err:
-            if isinstance(err.__cause__, CheckpointStorageError):
-                raise err.__cause__ from err
-            raise (UnusableStorageError if isinstance(err, UsageError) else CheckpointStorageError)(
-                f"{what or 'Checkpoint storage'} failed ({err}) in {self.dirpath}. Earlier checkpoints are untouched; "
-                "check the storage (space, permissions, credentials) and re-run to resume."
-            ) from err
+    def _on_storage(self, fn: Callable[[], T], what: str) -> T:
+        return on_storage(fn, what, str(self.dirpath))
 
     def _choose_resume_checkpoint(self, trainer: pl.Trainer) -> str | None:
         if trainer.global_step > 0:
             return None  # a second fit on this Trainer continues from memory, which is at least as new
-        path, manifest = self._on_storage(lambda: _newest_resumable(self.store), "Looking for a checkpoint")
-        if path is None:
+        choice = self._on_storage(lambda: _reported(choose_resume(self.store)), "Looking for a checkpoint")
+        if choice.path is None:
             rank_zero_info(f"No valid checkpoint in {self.dirpath}: starting from scratch.")
             return None
-        if manifest is None:
-            return path  # written by a stock ModelCheckpoint: no manifest to check it against or to show
-        _check_same_model(manifest, trainer.lightning_module, path)
+        if choice.manifest is None:
+            return choice.path  # written by a stock ModelCheckpoint: no manifest to check it against or to show
+        check_same_model(choice.manifest, tensor_shapes(trainer.lightning_module.state_dict()), choice.path)
         if trainer.is_global_zero:  # for the banner at on_train_start, once every callback has restored its state
+            manifest = choice.manifest
             last_seen = self._progress.last_step() if self._progress is not None else None
             age_s = time.time() - manifest.created_unix
-            self._resume_info = ResumeInfo(path, manifest.global_step, manifest.epoch, age_s, last_seen)
-        return path
+            self._resume_info = ResumeInfo(choice.path, manifest.global_step, manifest.epoch, age_s, last_seen)
+        return choice.path
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._progress_from = trainer.global_step
         if self._resume_info is not None:  # rank 0; Lightning runs checkpoint callbacks' hooks last: costs are in
-            trackers = [cb for cb in trainer.callbacks if isinstance(cb, CostTracker)]
-            rank_zero_info(self._resume_info.banner(trackers[0].resume_summary() if trackers else None))
+            summaries = [cb.resume_summary() for cb in trainer.callbacks if callable(getattr(cb, "resume_summary", 0))]
+            rank_zero_info(self._resume_info.banner(summaries[0] if summaries else None))
             self._resume_info = None
-        self._last_save_time = self._clock()
+        if self._timer is not None:
+            self._timer.restart()
         position = self._resumed_at or (self._generation, trainer.global_step)
-        newer, top_generation = self._on_storage(lambda: _newer_checkpoints(self.store, position), "Listing")
+        newer, top_generation = self._on_storage(lambda: newer_checkpoints(self.store, position), "Listing")
         if newer:
             self._generation = top_generation + 1
             shown = ", ".join(newer[:3]) + (f" and {len(newer) - 3} more" if len(newer) > 3 else "")
@@ -466,35 +426,29 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._record_progress(trainer, force=self._last_global_step_saved == trainer.global_step)
-        if self.every_n_minutes is None:
+        timer = self._timer
+        if timer is None:
             return
-        interval = self._interval_seconds()
-        if self._cadence is not None and trainer_logs_this_step(trainer):
-            pl_module.log("checkpoint/interval_minutes", interval / 60.0, on_step=True, on_epoch=False)
-            pl_module.log("checkpoint/save_seconds", self._cadence.save_seconds, on_step=True, on_epoch=False)
-        elapsed = self._clock() - self._last_save_time
-        if not distributed.any_rank(elapsed >= interval):
+        if timer.cadence is not None and trainer_logs_this_step(trainer):
+            pl_module.log("checkpoint/interval_minutes", timer.interval_seconds() / 60.0, on_step=True, on_epoch=False)
+            pl_module.log("checkpoint/save_seconds", timer.cadence.save_seconds, on_step=True, on_epoch=False)
+        if not distributed.any_rank(timer.due()):
             return
-        self._last_save_time = self._clock()  # also when top-k declines, so the next try is a full interval away
+        timer.restart()  # also when top-k declines, so the next try is a full interval away
         if not self._should_skip_saving_checkpoint(trainer):
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
 
-    def _interval_seconds(self) -> float:
-        if self._cadence is not None:
-            return self._cadence.interval_seconds()
-        return timedelta(minutes=float(self.every_n_minutes)).total_seconds()  # type: ignore[arg-type]
-
     @property
     def save_in_flight(self) -> bool:
         """Whether a background save of this rank (``async_save``) is still being written."""
-        return self._writer.busy
+        return self._saver is not None and self._saver.busy
 
     def newest_valid_checkpoint(self) -> str | None:
         """Path of the newest valid checkpoint in ``dirpath`` (``None``: none); call on every rank (rank 0 looks)."""
-        manifest, _ = self._on_storage(lambda: find_newest_valid(self.store), "Looking for a checkpoint")
-        return None if manifest is None else self.store.url(manifest.name)
+        choice = self._on_storage(lambda: choose_resume(self.store), "Looking for a checkpoint")
+        return None if choice.manifest is None else choice.path
 
     def save_now(self, trainer: pl.Trainer) -> str:
         """Save a checkpoint of the current step now, whatever the triggers say; call on every rank.
@@ -502,17 +456,18 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         Used on preemption. Returns the checkpoint's path once it is durable; when this step is already saved, returns
         that one. With ``async_save`` it first waits for the save in flight.
         """
-        failed = self._finish_background_saves(trainer)
-        latest_failed = distributed.any_rank(self._last_checkpoint_saved in failed)  # known where it was written
-        if self._last_global_step_saved == trainer.global_step and self._last_checkpoint_saved and not latest_failed:
-            return self._last_checkpoint_saved
-        candidates = self._monitor_candidates(trainer)
-        filepath = self._get_metric_interpolated_filepath_name(candidates, trainer)
+        self._saving.finish()
+        latest = self._last_checkpoint_saved
+        latest_failed = distributed.any_rank(bool(latest) and _name_in_dir(latest) in self._failed)
+        if self._last_global_step_saved == trainer.global_step and latest and not latest_failed:
+            return latest
+        filepath = self._get_metric_interpolated_filepath_name(self._monitor_candidates(trainer), trainer)
         self._synchronous = True
         try:
             self._save_checkpoint(trainer, filepath)
         finally:
-            self._synchronous, self._staged = False, None
+            self._synchronous = False
+            self._saving.forget_staged()
         return filepath
 
     @override
@@ -520,124 +475,45 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         try:
             super()._save_last_checkpoint(trainer, monitor_candidates)  # may reuse the state staged for top-k
         finally:
-            self._staged = None  # the host copy lives only in the writer's queue from here on
+            self._saving.forget_staged()
 
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        if self._sharded:
-            self._save_sharded(trainer, filepath)
-            return
-        if self.async_save and not self._synchronous:
-            self._save_in_background(trainer, filepath)
-            return
         started = self._clock()
-        name = self._name_in_dir(filepath)
-        if self._cache is not None:
-            self._finish_background_saves(trainer)  # at most one upload in flight
-        checkpoint = dump_checkpoint(trainer, self.save_weights_only)  # on every rank: it gathers the full state
-        fields = self._manifest_fields(trainer, checkpoint)
-        self._on_storage(lambda: self._files.write(checkpoint, name, fields), f"Saving checkpoint {name}")
-        uploading = self._cache is not None and not self._synchronous
-        if self._cache is not None and self._synchronous:  # save_now: durable in dirpath before it returns
-            self._on_storage(lambda: self._files.upload(name), f"Uploading checkpoint {name}")
-        elif uploading and trainer.is_global_zero:
-            self._writer.submit(lambda: self._upload_in_background(name, started), what=filepath)
-        self._saved_synchronously(trainer, filepath, started, durable=not uploading)
+        request = SaveRequest(
+            name=_name_in_dir(filepath),
+            step=trainer.global_step,
+            state=lambda: dump_checkpoint(trainer, self.save_weights_only),  # on every rank
+            fields=lambda checkpoint: self._manifest_fields(trainer, checkpoint),
+        )
+        durable = self._saving.save(request, synchronous=self._synchronous)
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        self.last_blocked_seconds = self._clock() - started
+        if self._timer is not None and self._timer.record(self.last_blocked_seconds):
+            assert self._timer.cadence is not None
+            rank_zero_info(
+                f"ResumableCheckpoint: saving every {self._timer.interval_seconds() / 60:.1f} min (save "
+                f"{self._timer.cadence.save_seconds:.2f} s, {self.mean_time_between_interruptions_hours} h between "
+                "interruptions; Young/Daly)"
+            )
+        if durable:
+            self._notify_loggers(trainer)
 
-    def _save_sharded(self, trainer: pl.Trainer, filepath: str) -> None:
-        """Every rank writes its shards in parallel; rank 0 then publishes the manifest of all files."""
-        started = self._clock()
-        name = self._name_in_dir(filepath)
-        checkpoint = dump_checkpoint(trainer, self.save_weights_only)
-        native = writes_sharded_checkpoints(trainer.strategy)
-        try:
-            self._files.write_sharded(checkpoint, name, self._manifest_fields(trainer, checkpoint), native, group=None)
-        except Exception as err:  # raised on every rank alike
-            raise CheckpointStorageError(
-                f"Saving sharded checkpoint {name} failed ({type(err).__name__}: {err}) in {self.dirpath}. Earlier "
-                "checkpoints are untouched; check the storage (space, permissions, credentials) and re-run to resume."
-            ) from err
-        self._saved_synchronously(trainer, filepath, started)
+    def _durable(self, seconds: float) -> None:
+        self.last_save_seconds = seconds
 
-    def _saved_synchronously(self, trainer: pl.Trainer, filepath: str, started: float, durable: bool = True) -> None:
-        self._saved(trainer, filepath, started)
-        if not durable:
-            return  # its upload reports when it is
-        self.last_save_seconds = self.last_blocked_seconds
+    def _landed(self, results: list[WriteResult]) -> None:
+        """Background saves of this rank ended (each failure was reported as it happened)."""
+        self._failed = [result.what for result in results if result.error is not None]
+        self.failed_saves += len(self._failed)
+        if len(self._failed) < len(results) and self._trainer is not None:
+            self._notify_loggers(self._trainer)
+
+    def _notify_loggers(self, trainer: pl.Trainer) -> None:
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
-
-    def _save_in_background(self, trainer: pl.Trainer, filepath: str) -> None:
-        """Stage the state in host memory (every rank takes part in gathering it) and queue rank 0's write."""
-        started = self._clock()
-        if self._staged is None or self._staged[0] != trainer.global_step:
-            self._finish_background_saves(trainer)  # at most one state in flight
-            checkpoint = dump_checkpoint(trainer, self.save_weights_only)
-            writes = trainer.is_global_zero or self._sharded  # sharded: every rank writes its part
-            staged = self._stager.copy(checkpoint) if writes else None
-            self._staged = (trainer.global_step, staged, self._manifest_fields(trainer, checkpoint))
-        _, staged, fields = self._staged
-        if staged is not None:
-            name = self._name_in_dir(filepath)
-            self._writer.submit(lambda: self._write_in_background(staged, name, fields, started), what=filepath)
-        self._saved(trainer, filepath, started)
-
-    def _upload_in_background(self, name: str, started: float) -> None:
-        try:
-            self._files.upload(name)
-        except Exception as err:
-            rank_zero_warn(
-                f"Uploading checkpoint {name} to {self.dirpath} failed ({type(err).__name__}: {err}). Its local copy "
-                f"stays in {self.local_cache_dir}; the previous valid checkpoint in dirpath stays the one to resume "
-                "from. Training goes on and the next upload tries again."
-            )
-            raise
-        self.last_save_seconds = self._clock() - started
-
-    def _write_in_background(self, staged: dict[str, Any], name: str, fields: dict[str, Any], started: float) -> None:
-        """Runs on the writer thread: rank 0's single file, or every rank's shards over the writers' own group."""
-        try:
-            if self._sharded:
-                self._files.write_sharded(staged, name, fields, native=False, group=self._save_group)
-            else:
-                self._files.write(staged, name, fields)
-                if self._cache is not None:
-                    self._files.upload(name)
-        except Exception as err:
-            rank_zero_warn(
-                f"The background save of checkpoint {name} to {self.dirpath} failed ({type(err).__name__}: {err}). "
-                "It was not published; the previous valid checkpoint stays the one to resume from. Training goes on "
-                "and the next save tries again."
-            )
-            raise
-        self.last_save_seconds = self._clock() - started
-
-    def _finish_background_saves(self, trainer: pl.Trainer) -> list[str]:
-        """Wait for this rank's saves in flight; return the paths of those that failed (reported already)."""
-        results = self._writer.wait()
-        failed = [result.what for result in results if result.error is not None]
-        self.failed_saves += len(failed)
-        if len(failed) < len(results) and trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
-        return failed
-
-    def _saved(self, trainer: pl.Trainer, filepath: str, started: float) -> None:
-        """Bookkeeping shared by both save paths, on every rank, once training may go on."""
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = filepath
-        self._last_save_time = self._clock()
-        self.last_blocked_seconds = self._last_save_time - started
-        if self._cadence is not None:
-            before = self._cadence.interval_seconds()
-            self._cadence.record(self.last_blocked_seconds)
-            if abs(self._cadence.interval_seconds() - before) > 0.1 * before:
-                rank_zero_info(
-                    f"ResumableCheckpoint: saving every {self._cadence.interval_seconds() / 60:.1f} min (save "
-                    f"{self._cadence.save_seconds:.2f} s, {self.mean_time_between_interruptions_hours} h between "
-                    "interruptions; Young/Daly)"
-                )
 
     def _manifest_fields(self, trainer: pl.Trainer, checkpoint: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -646,19 +522,24 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             "run_id": str(self._run_id),
             "generation": self._generation,
             "world_size": trainer.world_size,
-            "tensor_shapes": _tensor_shapes(checkpoint["state_dict"]),  # the saved model's (a pipeline's gathered)
+            "tensor_shapes": tensor_shapes(checkpoint["state_dict"]),  # the saved model's (a pipeline's gathered)
         }
 
     def _retain(self) -> None:
+        """On the writing rank, once a checkpoint landed: keep the ``keep_last_k`` newest of this run."""
+        if self.keep_last_k is None or self.monitor is not None or self.save_top_k == -1:
+            return
+        last = _name_in_dir(self.last_model_path) if self.last_model_path else None
         try:
-            self._apply_retention()
+            for name in expired(self.store, self._run_id, self._generation, self.keep_last_k, last):
+                self._saving.files.remove(name)
         except OSError as err:  # the new checkpoint is safe; an old one stays until the next save retries
             warnings.warn(f"Removing old checkpoints from {self.dirpath} failed ({err}); they are kept.", stacklevel=2)
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         if trainer.is_global_zero:
-            self._files.remove(self._name_in_dir(filepath))
+            self._saving.files.remove(_name_in_dir(filepath))
 
     @override
     def _save_none_monitor_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
@@ -667,27 +548,10 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self.best_model_path = filepath  # before saving: it is part of the state
         self._save_checkpoint(trainer, filepath)
 
-    def _apply_retention(self) -> None:
-        if self.keep_last_k is None or self.monitor is not None or self.save_top_k == -1:
-            return
-        last = self._name_in_dir(self.last_model_path) if self.last_model_path else None
-        manifests, _ = list_manifests(self.store)
-        ours = [
-            m
-            for m in manifests
-            if m.run_id == self._run_id and m.generation == self._generation and m.name != last
-            and not m.name.endswith(PREVIOUS_SUFFIX)
-        ]  # fmt: skip
-        for manifest in ours[self.keep_last_k :]:
-            self._files.remove(manifest.name)
-
-    def _name_in_dir(self, filepath: str) -> str:
-        return str(filepath).rstrip("/").rsplit("/", 1)[-1]
-
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
-        path, _ = _newest_resumable(CheckpointStore(str(self.dirpath or _default_dirpath(trainer))))
-        return set() if path is None else {path}
+        choice = _reported(choose_resume(CheckpointStore(str(self.dirpath or _default_dirpath(trainer)))))
+        return set() if choice.path is None else {choice.path}
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -710,56 +574,22 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             self._resumed_at = (self._generation, state_dict["global_step"])
 
 
-def _newest_resumable(store: CheckpointStore) -> tuple[str | None, Manifest | None]:
-    """The checkpoint to resume from and its manifest: the newest valid one with a manifest, else the newest complete
-    training checkpoint that a stock ``ModelCheckpoint`` wrote (no manifest); warns about each newer one skipped."""
-    manifest, skipped = find_newest_valid(store)
-    path = None if manifest is None else store.url(manifest.name)
-    if manifest is None:  # a run that switched from ModelCheckpoint: judge its files by their content
-        name, unvouched = find_newest_unvouched(store)
-        skipped = [line for line in skipped if not line.endswith(UNFINISHED)] + unvouched
-        if name is not None:
-            path = store.url(name)
-            rank_zero_info(
-                f"Resuming from {path}, which has no manifest (a stock ModelCheckpoint wrote it): it was checked as a "
-                "complete training checkpoint instead. The checkpoints of this run carry manifests. Lightning may warn "
-                "that the ModelCheckpoint callback is missing: its state (best and top-k paths) is not carried over."
-            )
-    for line in skipped:
+def _reported(choice: ResumeChoice) -> ResumeChoice:
+    """``choice``, once its skipped checkpoints were warned about (and a stock file's use announced) on rank 0."""
+    for line in choice.skipped:
         rank_zero_warn(f"Not resuming from {line}; looking for an older valid checkpoint.")
-    return path, manifest
+    if choice.path is not None and choice.manifest is None:
+        rank_zero_info(
+            f"Resuming from {choice.path}, which has no manifest (a stock ModelCheckpoint wrote it): it was checked "
+            "as a complete training checkpoint instead. The checkpoints of this run carry manifests. Lightning may "
+            "warn that the ModelCheckpoint callback is missing: its state (best and top-k paths) is not carried over."
+        )
+    return choice
+
+
+def _name_in_dir(filepath: str) -> str:
+    return str(filepath).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _default_dirpath(trainer: pl.Trainer) -> str:
     return f"{str(trainer.default_root_dir).rstrip('/')}/checkpoints"
-
-
-def _newer_checkpoints(store: CheckpointStore, position: tuple[int, int]) -> tuple[list[str], int]:
-    """Checkpoints in ``store`` ahead of ``(generation, global_step)``, and the highest generation there."""
-    manifests, _ = list_manifests(store)
-    newer = [m.name for m in manifests if (m.generation, m.global_step) > position]
-    return newer, max((m.generation for m in manifests), default=0)
-
-
-def _tensor_shapes(state_dict: Mapping[str, Any]) -> dict[str, list[int]]:
-    return {name: list(tensor.shape) for name, tensor in state_dict.items() if isinstance(tensor, torch.Tensor)}
-
-
-def _check_same_model(manifest: Manifest, module: pl.LightningModule, path: str) -> None:
-    if not manifest.tensor_shapes:
-        return
-    current = _tensor_shapes(module.state_dict())
-    saved = manifest.tensor_shapes
-    problems = [f"missing {k!r}" for k in sorted(saved.keys() - current.keys())]
-    problems += [f"unexpected {k!r}" for k in sorted(current.keys() - saved.keys())]
-    problems += [
-        f"{k!r} has shape {current[k]} here but {saved[k]} in the checkpoint"
-        for k in sorted(saved.keys() & current.keys())
-        if list(saved[k]) != current[k]
-    ]
-    if problems:
-        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise ConfigurationError(
-            f"The newest checkpoint {path} was written by a different model ({shown}). Nothing was loaded or "
-            "deleted. Use a new dirpath for a new model, or ResumableCheckpoint(auto_resume=False) to start fresh."
-        )

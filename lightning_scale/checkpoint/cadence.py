@@ -1,5 +1,5 @@
 """How often to checkpoint: the Young/Daly first-order optimum from the measured save cost and the expected time
-between interruptions. Plain arithmetic, no Lightning.
+between interruptions, and the wall-time trigger that uses it. Plain arithmetic, no Lightning.
 
 Saving every ``T`` seconds costs ``C/T`` of the time in saves, and an interruption loses ``T/2`` on average, so with
 a mean time between interruptions ``M`` the waste ``C/T + T/(2M)`` is least at ``T = sqrt(2 C M)`` (Young 1974,
@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import deque
+from collections.abc import Callable
+from typing import Literal
 
-__all__ = ["AutoCadence", "young_daly_interval_seconds"]
+__all__ = ["AutoCadence", "SaveTimer", "young_daly_interval_seconds"]
 
 
 def young_daly_interval_seconds(save_seconds: float, mtbi_seconds: float) -> float:
@@ -58,3 +61,51 @@ class AutoCadence:
 
     def interval_seconds(self) -> float:
         return young_daly_interval_seconds(self.save_seconds, self.mtbi_seconds)
+
+
+class SaveTimer:
+    """When a save is due by wall time: ``every_n_minutes`` after the last one, or with ``"auto"`` at the
+    :class:`AutoCadence` interval for ``mtbi_hours``, fed with each save's blocked time.
+
+    Example:
+        >>> now = [0.0]
+        >>> timer = SaveTimer(every_n_minutes=1, mtbi_hours=None, clock=lambda: now[0])
+        >>> now[0] = 59.0; timer.due()
+        False
+        >>> now[0] = 60.0; timer.due()
+        True
+    """
+
+    def __init__(
+        self,
+        every_n_minutes: float | Literal["auto"],
+        mtbi_hours: float | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.every_n_minutes = every_n_minutes
+        self.cadence = AutoCadence(mtbi_hours * 3600.0) if every_n_minutes == "auto" and mtbi_hours else None
+        self.clock = clock
+        self._last = clock()
+
+    def interval_seconds(self) -> float:
+        if self.cadence is not None:
+            return self.cadence.interval_seconds()
+        return float(self.every_n_minutes) * 60.0
+
+    def due(self) -> bool:
+        """Whether the interval has passed since the last save (or :meth:`restart`) on this rank's clock."""
+        return self.clock() - self._last >= self.interval_seconds()
+
+    def restart(self) -> None:
+        """Count the interval from now."""
+        self._last = self.clock()
+
+    def record(self, blocked_seconds: float) -> bool:
+        """A save that blocked training this long just ended: restart, and feed the automatic cadence; ``True`` when
+        that moved its interval by more than 10 %."""
+        self.restart()
+        if self.cadence is None:
+            return False
+        before = self.cadence.interval_seconds()
+        self.cadence.record(blocked_seconds)
+        return abs(self.cadence.interval_seconds() - before) > 0.1 * before

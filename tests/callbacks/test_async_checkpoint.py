@@ -88,9 +88,19 @@ def test_a_failed_background_save_is_reported_never_published_and_training_goes_
     assert newest is not None and newest.global_step == 6 and skipped == []
 
 
+class StagedAtTheEnd(Callback):
+    """What the saver still holds in host memory once the last step's saves were queued."""
+
+    staged: object = "unseen"
+
+    def on_train_end(self, trainer, pl_module) -> None:  # before the checkpoint callback's own (it runs last)
+        self.staged = ResumableCheckpoint.of(trainer, "test")._saver._staged
+
+
 def test_save_last_writes_the_staged_state_twice_without_staging_it_again(faulty, tiny_trainer_kwargs):
     dirpath = "faulty://async-last"
-    _, checkpoint = fit(dirpath, tiny_trainer_kwargs, max_steps=4, every_n_train_steps=2, save_last=True)
+    end = StagedAtTheEnd()
+    fit(dirpath, tiny_trainer_kwargs, max_steps=4, callbacks=[end], every_n_train_steps=2, save_last=True)
     store = CheckpointStore(dirpath)
     assert sorted(n for n in store.names() if n.endswith(".ckpt")) == [
         "epoch=0-step=2.ckpt",
@@ -98,7 +108,7 @@ def test_save_last_writes_the_staged_state_twice_without_staging_it_again(faulty
         "last.ckpt",
     ]
     assert store.sha256("last.ckpt") == store.sha256("epoch=0-step=4.ckpt")
-    assert checkpoint._staged is None, "the host copy outlived its save"
+    assert end.staged is None, "the host copy outlived its save"
 
 
 def test_save_now_waits_for_the_save_in_flight_then_saves_this_step_durably(faulty, tiny_trainer_kwargs):
@@ -107,7 +117,7 @@ def test_save_now_waits_for_the_save_in_flight_then_saves_this_step_durably(faul
 
     def save_now_while_in_flight(trainer, module) -> None:
         checkpoint = ResumableCheckpoint.of(trainer, "test")
-        assert checkpoint._writer.busy, "the step-4 save should still be in flight"
+        assert checkpoint.save_in_flight, "the step-4 save should still be in flight"
         threading.Timer(0.3, faulty.gate.set).start()
         started = time.monotonic()
         seen["path"] = checkpoint.save_now(trainer)
