@@ -25,7 +25,11 @@ Lightning 2.6 offers no public hook for eleven things lightning-scale needs; eac
     start inside the validation loop, with no callback hook between the loader's creation and ``iter()``): done in
     the strategy's ``process_dataloader``, which Lightning calls for each loader right after creating it;
 11. the user's sampler inside the ``DistributedSamplerWrapper`` Lightning puts around it under DDP (to draw its
-    shuffled order from the seed and the epoch, so that a resumed epoch repeats it).
+    shuffled order from the seed and the epoch, so that a resumed epoch repeats it);
+12. the private members of Lightning's classes that our subclasses override or use (:data:`INHERITED_PRIVATE`): a
+    subclass that keeps the parent's contract has to (``ModelCheckpoint`` saves through ``_save_checkpoint``, the
+    strategies read the timeout and backend their parent resolved). Private members of other objects are reached
+    only through this module and ``_torch_internals.py`` (tests/test_style.py checks).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from lightning_scale import knobs
 
 __all__ = [
     "CHECKPOINT_FIT_LOOP_KEYS",
+    "INHERITED_PRIVATE",
     "before_train_iterator",
     "consumed_batches_in_epoch",
     "consumed_loader_states",
@@ -63,6 +68,21 @@ __all__ = [
     "trainer_logs_this_step",
     "writes_sharded_checkpoints",
 ]
+
+INHERITED_PRIVATE: dict[str, tuple[str, ...]] = {
+    "ModelCheckpoint": (
+        "_find_last_checkpoints", "_get_metric_interpolated_filepath_name", "_last_checkpoint_saved",
+        "_last_global_step_saved", "_monitor_candidates", "_remove_checkpoint", "_save_checkpoint",
+        "_save_last_checkpoint", "_save_none_monitor_checkpoint", "_save_topk_checkpoint",
+        "_should_skip_saving_checkpoint",
+    ),
+    "EarlyStopping": ("_generate_state_key",),
+    "Callback": ("_generate_state_key",),
+    "LightningCLI": ("_instantiate_trainer", "_parser"),
+    "DDPStrategy": ("_get_process_group_backend", "_timeout"),
+    "ModelParallelStrategy": ("_data_parallel_size", "_get_process_group_backend", "_tensor_parallel_size", "_timeout"),
+}  # fmt: skip
+"""Per Lightning class: its private members that our subclasses of it override or use (see item 12)."""
 
 CHECKPOINT_FIT_LOOP_KEYS = ("loops", "fit_loop", "state_dict")
 _LOADER_CHAIN = "_lightning_scale_loader_chain"  # on the strategy instance: see process_dataloaders_with

@@ -179,3 +179,45 @@ def test_process_dataloaders_with_chains_in_order_and_each_undo_removes_only_its
     assert trainer.strategy.process_dataloader([]) == ["late"]
     undo_late()
     assert "process_dataloader" not in vars(trainer.strategy)
+
+
+def private_members_our_subclasses_use() -> dict[str, set[str]]:
+    """Per Lightning class: the private names our subclasses of it define or use on ``self`` that its source has."""
+    import ast
+    import importlib
+    import inspect
+    import pkgutil
+    import re
+    import textwrap
+
+    import lightning_scale
+
+    found: dict[str, set[str]] = {}
+    for info in pkgutil.walk_packages(lightning_scale.__path__, "lightning_scale."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for cls in vars(module).values():
+            if not inspect.isclass(cls) or cls.__module__ != module.__name__:
+                continue
+            bases = [base for base in cls.__mro__[1:] if base.__module__.startswith("lightning.")]
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls))) if bases else None
+            names = {
+                node.attr if isinstance(node, ast.Attribute) else node.name
+                for node in (ast.walk(tree) if tree else [])
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self")
+                or isinstance(node, ast.FunctionDef)
+            }  # fmt: skip
+            for name in (n for n in names if n.startswith("_") and not n.startswith("__")):
+                owner = next((b for b in bases if re.search(rf"(self\.|def ){name}\b", inspect.getsource(b))), None)
+                if owner is not None:
+                    found.setdefault(owner.__qualname__, set()).add(name)
+    return found
+
+
+def test_every_private_member_of_lightning_our_subclasses_rely_on_is_registered_and_still_there():
+    """Fails when a subclass starts to use another private member (register it, with its reason) or when an upgrade
+    removed one (Lightning's source no longer has it)."""
+    from lightning_scale._lightning_internals import INHERITED_PRIVATE
+
+    assert private_members_our_subclasses_use() == {cls: set(names) for cls, names in INHERITED_PRIVATE.items()}

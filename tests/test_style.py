@@ -32,7 +32,11 @@ def test_only_distributed_module_imports_torch_distributed(path):
         allowed = {"torch.distributed.pipelining"}
     if path.name == "sharded.py":
         # torch.distributed.checkpoint is torch's checkpoint engine (its planning gathers internally), called here
+        allowed = {"torch.distributed.checkpoint"}
+    if path.name == "_torch_internals.py":
+        # the private parts of torch's checkpoint engine and DDP hooks that sharded.py and compression.py use
         allowed = {
+            "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
             "torch.distributed.checkpoint",
             "torch.distributed.checkpoint._fsspec_filesystem",
             "torch.distributed.checkpoint.default_planner",
@@ -61,3 +65,34 @@ def test_pure_logic_packages_do_not_import_lightning(package):
 def test_packages_export_an_explicit_all(package):
     module = importlib.import_module(package)
     assert module.__all__ and all(hasattr(module, name) for name in module.__all__)
+
+
+INTERNALS = {"_lightning_internals.py", "_torch_internals.py"}
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_private_members_of_other_objects_are_reached_only_through_the_internals_modules(path):
+    """``obj._name`` on anything but ``self``/``cls`` (or ``super()`` for a registered member), and private names
+    imported from torch or Lightning, only in ``_lightning_internals.py`` and ``_torch_internals.py``."""
+    if path.name in INTERNALS:
+        return
+    from lightning_scale._lightning_internals import INHERITED_PRIVATE
+
+    registered = {name for names in INHERITED_PRIVATE.values() for name in names}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                continue
+            if isinstance(base, ast.Call) and ast.unparse(base.func) == "super" and node.attr in registered:
+                continue
+            if ast.unparse(node) == "os._exit":  # a public function despite its name
+                continue
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("torch", "lightning"):
+            private = [a.name for a in node.names if a.name.startswith("_")] + (
+                [node.module] if any(part.startswith("_") for part in node.module.split(".")) else []
+            )
+            found += [f"line {node.lineno}: from {node.module} import {name}" for name in private]
+    assert not found, found

@@ -4,10 +4,10 @@ checkpoint, and sharded directories load on strategies whose own loader reads si
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.plugins.io import CheckpointIO, TorchCheckpointIO
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import Strategy
 
@@ -24,17 +24,17 @@ class ShardedAwareCheckpointIO(CheckpointIO):
     def __init__(self, inner: CheckpointIO) -> None:
         self.inner = inner
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         self.inner.save_checkpoint(checkpoint, path, storage_options)
 
     def load_checkpoint(
-        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
+        self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
         if is_sharded_checkpoint(str(path)):
             return load_sharded(str(path), weights_only=weights_only)
         return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
-    def remove_checkpoint(self, path: _PATH) -> None:
+    def remove_checkpoint(self, path: str | Path) -> None:
         self.inner.remove_checkpoint(path)
 
     def teardown(self) -> None:

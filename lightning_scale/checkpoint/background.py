@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-from torch.utils._pytree import tree_leaves
+
+from lightning_scale._torch_internals import tree_leaves
 
 __all__ = ["BackgroundWriter", "HostStager", "WriteResult", "host_copy"]
 

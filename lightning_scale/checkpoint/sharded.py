@@ -26,11 +26,9 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from lightning_scale import distributed
+from lightning_scale._torch_internals import FsspecReader, FsspecWriter, load_state_dict_in_one_process
 from lightning_scale.checkpoint.store import CheckpointStore
 
 __all__ = [
@@ -134,7 +132,7 @@ def load_sharded(path: str, weights_only: bool | None = None) -> dict[str, Any]:
     store = CheckpointStore(path)
     reader = dcp.FileSystemReader(path) if store.is_local else FsspecReader(path)
     tensors: dict[str, Any] = {}  # filled from the checkpoint's own metadata, as dcp_to_torch_save does
-    _load_state_dict(tensors, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    load_state_dict_in_one_process(tensors, reader)
     with store.fs.open(store.path(METADATA_FILE), "rb") as handle:
         meta: dict[str, Any] = torch.load(handle, weights_only=weights_only, map_location="cpu")
     if SKELETON_KEY not in meta:  # Lightning's layout

@@ -73,11 +73,13 @@ class PriceCatalog:
         8
     """
 
-    def __init__(self, rows: Iterable[InstancePrice], origin: str = "<rows>") -> None:
+    def __init__(self, rows: Iterable[InstancePrice], origin: str = "<rows>", places: Iterable[str] = ()) -> None:
+        """``places`` names where each row came from (``"prices.csv line 12"``), for errors; default ``origin``."""
         self.origin = origin
         self._rows: dict[tuple[str, str], InstancePrice] = {}
+        names = iter(places)
         for row in rows:
-            self._add(row, origin)
+            self._add(row, next(names, origin))
 
     def _add(self, row: InstancePrice, where: str) -> None:
         key = (row.provider, row.instance_type.lower())
@@ -106,11 +108,11 @@ class PriceCatalog:
         missing = [column for column in COLUMNS if column not in (reader.fieldnames or [])]
         if missing:
             raise PriceCatalogError(f"{origin}: missing column(s) {missing}; a catalog needs {list(COLUMNS)}.")
-        catalog = cls([], origin=origin)
+        rows, places = [], []
         for row in reader:
-            where = f"{origin} line {reader.line_num}"
-            catalog._add(_parse_row(row, where), where)
-        return catalog
+            places.append(f"{origin} line {reader.line_num}")
+            rows.append(_parse_row(row, places[-1]))
+        return cls(rows, origin=origin, places=places)
 
     @property
     def providers(self) -> list[str]:

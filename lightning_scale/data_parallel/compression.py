@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+from lightning_scale._torch_internals import compress_hook
 from lightning_scale.errors import ConfigurationError
 
 __all__ = [
@@ -169,7 +170,7 @@ def bf16_hook(process_group, bucket):  # no annotations: DDP checks them
     DDP refuses torch's own ``bf16_compress_hook`` off NCCL (by its name), yet gloo all-reduces bfloat16 fine; this is
     the same computation under another name.
     """
-    return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
+    return compress_hook(torch.bfloat16, process_group, bucket)
 
 
 def check_powersgd_settings(powersgd_rank: int, powersgd_warmup_steps: int) -> None:

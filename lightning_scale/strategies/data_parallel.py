@@ -154,4 +154,4 @@ class DataParallelStrategy(DDPStrategy):
 
     def _is_first(self, optimizer: Optimizer) -> bool:
         first = self.optimizers[0]
-        return (first._optimizer if isinstance(first, LightningOptimizer) else first) is optimizer
+        return (first.optimizer if isinstance(first, LightningOptimizer) else first) is optimizer

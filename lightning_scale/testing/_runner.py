@@ -30,6 +30,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
+from lightning_scale._torch_internals import tree_flatten
 from lightning_scale.callbacks import (
     BudgetedEarlyStopping,
     CostTracker,
@@ -63,7 +64,7 @@ def _digest(tensor: torch.Tensor) -> str:
 
 def _batch_digest(batch: Any) -> str:
     digest = hashlib.sha256()
-    leaves, _ = torch.utils._pytree.tree_flatten(batch)
+    leaves, _ = tree_flatten(batch)
     for leaf in leaves:
         digest.update(_digest(leaf).encode() if isinstance(leaf, torch.Tensor) else repr(leaf).encode())
     return digest.hexdigest()[:16]

@@ -1,0 +1,38 @@
+"""The one place where lightning-scale touches private parts of torch (the twin of ``_lightning_internals.py``).
+
+Each has no public equivalent in torch 2.13; ``tests/test_torch_internals.py`` fails loudly when an upgrade moves one:
+
+1. ``FsspecReader``/``FsspecWriter``: torch.distributed.checkpoint's storage over fsspec, for sharded checkpoints on
+   object stores (the public ``FileSystemReader``/``Writer`` take local paths only);
+2. ``load_state_dict_in_one_process``: DCP's loader with ``no_dist=True`` and a planner that takes every tensor, to
+   read a sharded checkpoint whole in one process (consolidation, loading on another world size); the public
+   ``dcp.load`` insists on a state dict of the right structure to load into;
+3. ``tree_leaves``/``tree_flatten``: torch's pytree, which knows the containers a batch or state dict is made of;
+4. ``compress_hook``: the body of torch's fp16/bf16 DDP compression hooks, parameterised by dtype; DDP refuses the
+   public ``bf16_compress_hook`` off NCCL by its name, although gloo all-reduces bfloat16.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import _compress_hook as compress_hook
+from torch.distributed.checkpoint import StorageReader
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.utils._pytree import tree_flatten, tree_leaves
+
+__all__ = [
+    "FsspecReader",
+    "FsspecWriter",
+    "compress_hook",
+    "load_state_dict_in_one_process",
+    "tree_flatten",
+    "tree_leaves",
+]
+
+
+def load_state_dict_in_one_process(state_dict: dict[str, Any], reader: StorageReader) -> None:
+    """Fill ``state_dict`` with every tensor of the checkpoint ``reader`` reads, whole, with no collective."""
+    _load_state_dict(state_dict, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)

@@ -1,0 +1,20 @@
+"""The private parts of torch that ``lightning_scale._torch_internals`` wraps still exist and still behave as used."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_scale import _torch_internals as internals
+
+
+def test_the_wrapped_private_members_import_and_behave_as_used(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    assert internals.tree_leaves({"a": [torch.ones(1), 2]})[1] == 2
+    assert len(internals.tree_flatten((torch.ones(1), {"b": 3}))[0]) == 2
+    state = {"w": torch.arange(4.0)}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path)), no_dist=True)
+    loaded: dict = {}
+    internals.load_state_dict_in_one_process(loaded, dcp.FileSystemReader(str(tmp_path)))
+    assert torch.equal(loaded["w"], state["w"])
+    assert callable(internals.compress_hook) and internals.FsspecReader and internals.FsspecWriter
