@@ -10,6 +10,7 @@ from typing import Any
 from lightning.fabric.plugins.io import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_scale.checkpoint.sharded import is_sharded_checkpoint, load_sharded
 from lightning_scale.errors import ConfigurationError
@@ -41,9 +42,10 @@ class ShardedAwareCheckpointIO(CheckpointIO):
         self.inner.teardown()
 
 
-def plugin_save_file(strategy: Strategy) -> Callable[[dict[str, Any], str], None] | None:
+def plugin_save_file(strategy: Strategy, sharded: bool) -> Callable[[dict[str, Any], str], None] | None:
     """How a user's ``CheckpointIO`` plugin writes a checkpoint file (``save_file(checkpoint, url)``), or ``None``
-    when the strategy has Lightning's default, which ``torch.save`` streamed to storage matches byte for byte."""
+    when the strategy has Lightning's default, which ``torch.save`` streamed to storage matches byte for byte.
+    ``sharded`` checkpoints are written by ``torch.distributed.checkpoint``, not by the plugin: that is warned about."""
     plugin = strategy.checkpoint_io
     if isinstance(plugin, ShardedAwareCheckpointIO):
         plugin = plugin.inner
@@ -54,5 +56,11 @@ def plugin_save_file(strategy: Strategy) -> Callable[[dict[str, Any], str], None
             "ResumableCheckpoint publishes a checkpoint only once its file is complete, and AsyncCheckpointIO returns "
             "before that. Drop the AsyncCheckpointIO plugin and use ResumableCheckpoint(async_save=True): its saves "
             "are asynchronous too, and atomic."
+        )
+    if sharded:
+        rank_zero_warn(
+            "ResumableCheckpoint writes sharded checkpoints with torch.distributed.checkpoint, so the Trainer's "
+            "CheckpointIO plugin does not write them. Pass sharded=False to have it write single files "
+            "(strategies that shard the state need save_distributed_checkpoint=False too)."
         )
     return lambda checkpoint, url: plugin.save_checkpoint(checkpoint, url)

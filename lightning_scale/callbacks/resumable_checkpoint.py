@@ -1,14 +1,13 @@
 """Atomic, validated, auto-resuming checkpoints: a drop-in subclass of Lightning's ``ModelCheckpoint``.
 
-The Lightning glue only: when to save and what (Lightning's checkpoint of the Trainer), which checkpoint to resume
-from, and the callbacks it adds. How files are written is :mod:`lightning_scale.checkpoint.saver`'s, the decisions
-over manifests are :mod:`lightning_scale.checkpoint.resume`'s, the time trigger is ``checkpoint.cadence.SaveTimer``.
+The Lightning glue only: when to save and what (Lightning's checkpoint of the Trainer). How files are written is
+:mod:`lightning_scale.checkpoint.saver`'s, the time trigger is ``checkpoint.cadence.SaveTimer``; the run's identity and
+the resume choice are ``_checkpoint_lineage``'s, the format choice ``_checkpoint_format``'s.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -18,36 +17,23 @@ from weakref import proxy
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed
-from lightning_scale._lightning_internals import (
-    dump_checkpoint,
-    restore_from_when_unset,
-    trainer_logs_this_step,
-    writes_sharded_checkpoints,
-)
+from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset, trainer_logs_this_step
 from lightning_scale._process_local import ProcessLocal
 from lightning_scale.callbacks._checkpoint_arguments import checked_every_n_minutes
-from lightning_scale.callbacks._checkpoint_io import ShardedAwareCheckpointIO, plugin_save_file
+from lightning_scale.callbacks._checkpoint_companions import add_companions
+from lightning_scale.callbacks._checkpoint_format import choose_format, local_cache
+from lightning_scale.callbacks._checkpoint_io import plugin_save_file
+from lightning_scale.callbacks._checkpoint_lineage import RunLineage, reported
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
-from lightning_scale.callbacks.data_state import DataStateCheckpoint
-from lightning_scale.callbacks.wandb_resume import WandbResume
 from lightning_scale.checkpoint.background import WriteResult
 from lightning_scale.checkpoint.cadence import SaveTimer
-from lightning_scale.checkpoint.progress import ProgressMarker, ResumeInfo
 from lightning_scale.checkpoint.rank_zero import on_storage
-from lightning_scale.checkpoint.resume import (
-    ResumeChoice,
-    check_same_model,
-    choose_resume,
-    expired,
-    newer_checkpoints,
-    tensor_shapes,
-)
+from lightning_scale.checkpoint.resume import choose_resume, tensor_shapes
 from lightning_scale.checkpoint.saver import SaveHooks, Saver, SaveRequest, make_saver
 from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.checkpoint.writer import CheckpointWriter
@@ -61,41 +47,23 @@ T = TypeVar("T")
 class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     """Checkpoints that are atomic, validated on resume, pruned safely and resumed automatically.
 
-    A subclass of Lightning's ``ModelCheckpoint``: ``monitor``/``save_top_k``, ``save_last`` and
-    ``trainer.fit(ckpt_path="last")`` keep working. On top of it:
+    A subclass of Lightning's ``ModelCheckpoint`` (its arguments keep their meaning; the README's "Differences from
+    the stock classes" lists what differs). On top of it, each detailed in the README's "Checkpoints" section:
 
-    - **triggers**: every ``every_n_train_steps`` and/or every ``every_n_minutes`` of wall time; the time decision is
-      a vote of all ranks at the same step, so no rank saves alone and none waits forever. ``every_n_minutes="auto"``
-      with ``mean_time_between_interruptions_hours`` saves at the Young/Daly optimum ``sqrt(2 C M)`` for the
-      measured save time ``C`` (median of the last 5 saves; 10 s assumed before the first) and that mean time ``M``,
-      re-evaluated after every save and logged as ``checkpoint/interval_minutes`` with ``checkpoint/save_seconds``;
-    - **asynchronous**: with ``async_save=True`` training is blocked only while the state is gathered and copied to
-      host memory; rank 0 (every rank, for shards) then writes, uploads and publishes it on a background thread,
-      shards over a process group of the writer threads. At most one state is in
-      flight: the next save (and the end of fit) waits for the previous one. A background save that fails is reported
-      at once and never published, so the previous valid checkpoint stays the one to resume from, and training goes
-      on; ``save_now`` (preemption) waits for the save in flight, then saves synchronously;
-    - **sharded** (``sharded=True``; the default for strategies that shard the state, like ``model_parallel``): each
-      checkpoint is a directory that every rank writes its part of in parallel through ``torch.distributed.checkpoint``
-      (a tensor several ranks hold is written once); its manifest lists every file with its size and sha256.
-      ``consolidate_checkpoint`` turns one into a single file;
-    - **atomic**: each file is written under a temporary name, flushed (``fsync`` on local disk), renamed, and then
-      vouched for by ``<name>.manifest.json`` holding its size and sha256; a partial or corrupt checkpoint is never
-      chosen for resume, the newest valid one is, with a warning naming the bad file. A name that already holds a
-      checkpoint (``last.ckpt``) is replaced only after the old one was set aside, so a crash never loses both;
-    - **retention**: ``keep_last_k`` newest checkpoints of this run are kept, ``last.ckpt`` not counted (with
-      ``monitor`` set, the best ``save_top_k`` are kept as ``ModelCheckpoint`` does; ``save_top_k=-1`` keeps all,
-      ``0`` saves ``last.ckpt`` only); the newest valid checkpoint is
-      never deleted, and checkpoints of other runs in the same directory are never touched;
-    - **generations**: a fit that starts behind newer checkpoints in ``dirpath`` (``ckpt_path`` set to an older
-      one, or a fresh run beside an old one) warns, keeps them, and writes a new generation that the next
-      auto-resume prefers; storage failures on rank 0 raise ``CheckpointStorageError`` on every rank;
-    - **storage**: ``dirpath`` is a local path or any fsspec URL (``memory://``, ``s3://``, ``gs://``, ...);
-    - **auto-resume**: when ``fit`` starts without ``ckpt_path``, it resumes from the newest valid checkpoint in
-      ``dirpath``, so an orchestrator that re-runs the same command continues the job;
-    - **full state**: weights, optimizers, LR schedulers, AMP scaler, loop progress and callback states (Lightning's
-      checkpoint), plus every rank's data position and RNG states through :class:`DataStateCheckpoint`, which is
-      added to the Trainer when it has none.
+    - **triggers**: every ``every_n_train_steps`` and/or ``every_n_minutes`` of wall time (a vote of all ranks at the
+      same step), or ``every_n_minutes="auto"``: the Young/Daly interval ``sqrt(2 C M)`` for the measured save time
+      ``C`` and ``mean_time_between_interruptions_hours`` ``M``, logged as ``checkpoint/interval_minutes`` with
+      ``checkpoint/save_seconds``;
+    - **asynchronous** (``async_save``): training waits only for a host-memory copy; one save in flight; a failed
+      background save is reported and never published; **sharded** (``sharded``): a directory every rank writes its
+      part of through ``torch.distributed.checkpoint``, every file in the manifest;
+    - **atomic and validated**: written under a temporary name, renamed, then vouched for by
+      ``<name>.manifest.json`` (size and sha256); resume takes the newest valid checkpoint, warning about bad ones;
+    - **retention and generations**: ``keep_last_k`` newest of this run, never the newest valid one nor other runs';
+      a fit that starts behind newer checkpoints keeps them and writes a generation that the next resume prefers;
+    - **storage**: a local path or any fsspec URL; storage failures raise ``CheckpointStorageError`` on every rank;
+    - **auto-resume** and **full state**: ``fit`` without ``ckpt_path`` resumes from the newest valid checkpoint;
+      a :class:`DataStateCheckpoint` (added when missing) carries every rank's data position and RNG states.
 
     Args:
         dirpath: Directory or fsspec URL for checkpoints. Default: ``<default_root_dir>/checkpoints``, the same on
@@ -146,7 +114,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
 
     METRIC_KEYS = ("checkpoint/interval_minutes", "checkpoint/save_seconds")
     PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {
-        "_saver": None, "_trainer": None, "_store": None, "_progress": None, "_timer": None,
+        "_saver": None, "_trainer": None, "_store": None, "_timer": None,
     }  # fmt: skip
 
     def __init__(
@@ -185,20 +153,12 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         )  # fmt: skip
         only_time = every_n_minutes is not None and every_n_train_steps is None and every_n_epochs is None
         super().__init__(
-            dirpath=dirpath,
-            filename=filename,
-            monitor=monitor,
-            mode=mode,
-            verbose=verbose,
-            save_last=save_last,
-            save_top_k=save_top_k,
-            every_n_train_steps=every_n_train_steps,
-            every_n_epochs=0 if only_time else every_n_epochs,
-            save_on_exception=save_on_exception,
-            auto_insert_metric_name=auto_insert_metric_name,
-            save_on_train_epoch_end=save_on_train_epoch_end,
+            dirpath=dirpath, filename=filename, monitor=monitor, mode=mode, verbose=verbose, save_last=save_last,
+            save_top_k=save_top_k, every_n_train_steps=every_n_train_steps,
+            every_n_epochs=0 if only_time else every_n_epochs, save_on_exception=save_on_exception,
+            auto_insert_metric_name=auto_insert_metric_name, save_on_train_epoch_end=save_on_train_epoch_end,
             enable_version_counter=enable_version_counter,
-        )
+        )  # fmt: skip
         self.every_n_minutes = every_n_minutes
         self.mean_time_between_interruptions_hours = mean_time_between_interruptions_hours
         self.async_save = async_save
@@ -209,13 +169,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self.data_state = data_state
         self.strict_resume = strict_resume
         self.wandb_resume = wandb_resume
-        self._sharded = bool(sharded)
-        self._run_id: str | None = None
-        self._generation = 0
-        self._resumed_at: tuple[int, int] | None = None
-        self._resume_info: ResumeInfo | None = None
-        self._progress: ProgressMarker | None = None
-        self._progress_from: int | None = None  # the step this fit's training started from
+        self._lineage = RunLineage()
         self._trainer: pl.Trainer | None = None
         self._store: CheckpointStore | None = None
         self._saver: Saver | None = None
@@ -260,12 +214,14 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = _default_dirpath(trainer)
-        native = self._setup_format(trainer, stage)
+        fmt = choose_format(trainer.strategy, self.sharded, self.async_save, str(self.dirpath), stage == "fit")
         cache = None
         if stage == "fit":  # before ModelCheckpoint lists the directory, so that every rank fails alike
             self._store = CheckpointStore(str(self.dirpath))
             self._on_storage(self.store.check_writable, "Checkpoint storage")
-            cache = self._setup_cache()
+            cache = local_cache(self.local_cache_dir, fmt.sharded)
+            if cache is not None:
+                self._on_storage(cache.check_writable, "Checkpoint storage")
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)  # a non-empty directory is what resuming looks like
@@ -273,80 +229,16 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if stage != "fit":
             return
         self._trainer = trainer
-        files = CheckpointWriter(self.store, cache, self._retain, self._plugin(trainer))
+        files = CheckpointWriter(self.store, cache, self._retain, plugin_save_file(trainer.strategy, fmt.sharded))
         self._on_storage(files.remove_partial_files, "Cleaning unfinished saves")
         hooks = SaveHooks(durable=self._durable, landed=self._landed, warn=rank_zero_warn, clock=self._clock)
-        self._saver = make_saver(files, hooks, self._sharded, native, self.async_save)
+        self._saver = make_saver(files, hooks, fmt.sharded, fmt.native, self.async_save)
         if self.every_n_minutes is not None and self._timer is None:
             self._timer = SaveTimer(self.every_n_minutes, self.mean_time_between_interruptions_hours, self._clock)
-        self._run_id = distributed.broadcast_object(uuid.uuid4().hex)
-        self._generation, self._resumed_at = 0, None
-        self._progress, self._progress_from = ProgressMarker(self.store), None
-        self._add_companions(trainer)
+        self._lineage.begin(self.store)
+        add_companions(trainer, self.data_state, self.strict_resume, self.wandb_resume)
         if self.auto_resume:
-            restore_from_when_unset(trainer, lambda: self._choose_resume_checkpoint(trainer))
-
-    def _add_companions(self, trainer: pl.Trainer) -> None:
-        """A ``DataStateCheckpoint`` (strict with ``strict_resume``), and a ``WandbResume`` beside a ``WandbLogger``."""
-        data_states = [cb for cb in trainer.callbacks if isinstance(cb, DataStateCheckpoint)]
-        if self.data_state and not data_states:
-            data_states = [DataStateCheckpoint()]
-            trainer.callbacks.append(data_states[0])  # Lightning's setup loop reaches it next
-        for data_state in data_states if self.strict_resume else []:
-            data_state.strict = True
-        wandb = any(isinstance(logger, WandbLogger) for logger in trainer.loggers)
-        if self.wandb_resume and wandb and not any(isinstance(cb, WandbResume) for cb in trainer.callbacks):
-            trainer.callbacks.append(WandbResume())
-
-    def _plugin(self, trainer: pl.Trainer) -> Callable[[dict[str, Any], str], None] | None:
-        """The user's ``CheckpointIO`` plugin, which writes every single-file checkpoint (``None``: Lightning's)."""
-        save_file = plugin_save_file(trainer.strategy)
-        if save_file is not None and self._sharded:
-            rank_zero_warn(
-                "ResumableCheckpoint writes sharded checkpoints with torch.distributed.checkpoint, so the Trainer's "
-                "CheckpointIO plugin does not write them. Pass sharded=False to have it write single files "
-                "(strategies that shard the state need save_distributed_checkpoint=False too)."
-            )
-        return save_file
-
-    def _setup_cache(self) -> CheckpointStore | None:
-        if self.local_cache_dir is None:
-            return None
-        cache = CheckpointStore(self.local_cache_dir)
-        if not cache.is_local:
-            raise ConfigurationError(f"local_cache_dir={self.local_cache_dir!r} must be a local directory (fast disk).")
-        if self._sharded:
-            raise ConfigurationError(
-                "ResumableCheckpoint(local_cache_dir=...) stages single files on rank 0's disk; sharded checkpoints "
-                "are written by every rank: drop local_cache_dir, or save single files (sharded=False)."
-            )
-        self._on_storage(cache.check_writable, "Checkpoint storage")
-        return cache
-
-    def _setup_format(self, trainer: pl.Trainer, stage: str) -> bool:
-        """Choose single files or shards; return whether the strategy writes its own shards (``native``)."""
-        native = writes_sharded_checkpoints(trainer.strategy)  # its state dict holds shards; it loads directories
-        self._sharded = native if self.sharded is None else self.sharded
-        name = type(trainer.strategy).__name__
-        if stage == "fit" and native and not self._sharded:
-            raise ConfigurationError(
-                f"ResumableCheckpoint(sharded=False) writes one file, but {name} shards the state. Use sharded=True "
-                "(the default for it), or save_distributed_checkpoint=False on the strategy to gather the full state "
-                "on rank 0 (--trainer.strategy.save_distributed_checkpoint false)."
-            )
-        if stage == "fit" and native and self.async_save:
-            raise ConfigurationError(
-                f"ResumableCheckpoint(async_save=True) writes single files, but {name} shards the state: pass "
-                "save_distributed_checkpoint=False to the strategy, or drop async_save."
-            )
-        if native and not CheckpointStore(str(self.dirpath)).is_local:
-            raise ConfigurationError(
-                f"{name} loads sharded checkpoints from local disk only; dirpath={self.dirpath!r} is not local. Use a "
-                "local (or mounted shared) directory, or save_distributed_checkpoint=False on the strategy."
-            )
-        if self._sharded and not native and not isinstance(trainer.strategy.checkpoint_io, ShardedAwareCheckpointIO):
-            trainer.strategy.checkpoint_io = ShardedAwareCheckpointIO(trainer.strategy.checkpoint_io)
-        return native
+            restore_from_when_unset(trainer, lambda: self._lineage.choose_resume(trainer))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -360,60 +252,24 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         self._saving.finish()
-        self._record_progress(trainer, force=True)
+        self._lineage.record_progress(trainer, force=True)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
         if self._saver is not None:
             self._saver.finish()  # the save in flight holds a valid earlier state: let it land
-        self._record_progress(trainer, force=True)
-
-    def _record_progress(self, trainer: pl.Trainer, force: bool = False) -> None:
-        """Rank 0 records the step, once this fit has trained one (a failed start keeps the last attempt's record)."""
-        started = self._progress_from is not None and trainer.global_step > self._progress_from
-        if trainer.is_global_zero and self._progress is not None and started:
-            self._progress.record(trainer.global_step, force=force)
+        self._lineage.record_progress(trainer, force=True)
 
     def _on_storage(self, fn: Callable[[], T], what: str) -> T:
         return on_storage(fn, what, str(self.dirpath))
 
-    def _choose_resume_checkpoint(self, trainer: pl.Trainer) -> str | None:
-        if trainer.global_step > 0:
-            return None  # a second fit on this Trainer continues from memory, which is at least as new
-        choice = self._on_storage(lambda: _reported(choose_resume(self.store)), "Looking for a checkpoint")
-        if choice.path is None:
-            rank_zero_info(f"No valid checkpoint in {self.dirpath}: starting from scratch.")
-            return None
-        if choice.manifest is None:
-            return choice.path  # written by a stock ModelCheckpoint: no manifest to check it against or to show
-        check_same_model(choice.manifest, tensor_shapes(trainer.lightning_module.state_dict()), choice.path)
-        if trainer.is_global_zero:  # for the banner at on_train_start, once every callback has restored its state
-            manifest = choice.manifest
-            last_seen = self._progress.last_step() if self._progress is not None else None
-            age_s = time.time() - manifest.created_unix
-            self._resume_info = ResumeInfo(choice.path, manifest.global_step, manifest.epoch, age_s, last_seen)
-        return choice.path
-
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self._progress_from = trainer.global_step
-        if self._resume_info is not None:  # rank 0; Lightning runs checkpoint callbacks' hooks last: costs are in
-            summaries = [cb.resume_summary() for cb in trainer.callbacks if callable(getattr(cb, "resume_summary", 0))]
-            rank_zero_info(self._resume_info.banner(summaries[0] if summaries else None))
-            self._resume_info = None
+        self._lineage.start_training(trainer)
         if self._timer is not None:
             self._timer.restart()
-        position = self._resumed_at or (self._generation, trainer.global_step)
-        newer, top_generation = self._on_storage(lambda: newer_checkpoints(self.store, position), "Listing")
-        if newer:
-            self._generation = top_generation + 1
-            shown = ", ".join(newer[:3]) + (f" and {len(newer) - 3} more" if len(newer) > 3 else "")
-            rank_zero_warn(
-                f"{self.dirpath} holds checkpoints newer than the state this fit starts from ({shown}). They are "
-                f"kept, but this run's checkpoints (generation {self._generation}) supersede them on resume."
-            )
 
     @override
     def on_train_batch_end(
@@ -425,7 +281,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         batch_idx: int,
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        self._record_progress(trainer, force=self._last_global_step_saved == trainer.global_step)
+        self._lineage.record_progress(trainer, force=self._last_global_step_saved == trainer.global_step)
         timer = self._timer
         if timer is None:
             return
@@ -490,13 +346,9 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         self.last_blocked_seconds = self._clock() - started
-        if self._timer is not None and self._timer.record(self.last_blocked_seconds):
-            assert self._timer.cadence is not None
-            rank_zero_info(
-                f"ResumableCheckpoint: saving every {self._timer.interval_seconds() / 60:.1f} min (save "
-                f"{self._timer.cadence.save_seconds:.2f} s, {self.mean_time_between_interruptions_hours} h between "
-                "interruptions; Young/Daly)"
-            )
+        change = self._timer.record(self.last_blocked_seconds) if self._timer is not None else None
+        if change:
+            rank_zero_info(f"ResumableCheckpoint: {change}")
         if durable:
             self._notify_loggers(trainer)
 
@@ -519,8 +371,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         return {
             "global_step": trainer.global_step,
             "epoch": trainer.current_epoch,
-            "run_id": str(self._run_id),
-            "generation": self._generation,
+            "run_id": str(self._lineage.run_id),
+            "generation": self._lineage.generation,
             "world_size": trainer.world_size,
             "tensor_shapes": tensor_shapes(checkpoint["state_dict"]),  # the saved model's (a pipeline's gathered)
         }
@@ -531,7 +383,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             return
         last = _name_in_dir(self.last_model_path) if self.last_model_path else None
         try:
-            for name in expired(self.store, self._run_id, self._generation, self.keep_last_k, last):
+            for name in self._lineage.expired(self.keep_last_k, last):
                 self._saving.files.remove(name)
         except OSError as err:  # the new checkpoint is safe; an old one stays until the next save retries
             warnings.warn(f"Removing old checkpoints from {self.dirpath} failed ({err}); they are kept.", stacklevel=2)
@@ -550,7 +402,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
 
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
-        choice = _reported(choose_resume(CheckpointStore(str(self.dirpath or _default_dirpath(trainer)))))
+        choice = reported(choose_resume(CheckpointStore(str(self.dirpath or _default_dirpath(trainer)))))
         return set() if choice.path is None else {choice.path}
 
     @override
@@ -559,8 +411,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         return {
             **super().state_dict(),
             "version": STATE_VERSION,
-            "run_id": self._run_id,
-            "generation": self._generation,
+            **self._lineage.state_dict(),
             "global_step": step,
         }
 
@@ -568,23 +419,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         check_state_version(state_dict, "ResumableCheckpoint")
         super().load_state_dict(state_dict)
-        self._run_id = state_dict.get("run_id", self._run_id)
-        self._generation = state_dict.get("generation", 0)
-        if state_dict.get("global_step") is not None:
-            self._resumed_at = (self._generation, state_dict["global_step"])
-
-
-def _reported(choice: ResumeChoice) -> ResumeChoice:
-    """``choice``, once its skipped checkpoints were warned about (and a stock file's use announced) on rank 0."""
-    for line in choice.skipped:
-        rank_zero_warn(f"Not resuming from {line}; looking for an older valid checkpoint.")
-    if choice.path is not None and choice.manifest is None:
-        rank_zero_info(
-            f"Resuming from {choice.path}, which has no manifest (a stock ModelCheckpoint wrote it): it was checked "
-            "as a complete training checkpoint instead. The checkpoints of this run carry manifests. Lightning may "
-            "warn that the ModelCheckpoint callback is missing: its state (best and top-k paths) is not carried over."
-        )
-    return choice
+        self._lineage.load_state_dict(state_dict)
 
 
 def _name_in_dir(filepath: str) -> str:

@@ -100,12 +100,17 @@ class SaveTimer:
         """Count the interval from now."""
         self._last = self.clock()
 
-    def record(self, blocked_seconds: float) -> bool:
-        """A save that blocked training this long just ended: restart, and feed the automatic cadence; ``True`` when
-        that moved its interval by more than 10 %."""
+    def record(self, blocked_seconds: float) -> str | None:
+        """A save that blocked training this long just ended: restart, and feed the automatic cadence; returns a line
+        to log when that moved its interval by more than 10 %."""
         self.restart()
         if self.cadence is None:
-            return False
+            return None
         before = self.cadence.interval_seconds()
         self.cadence.record(blocked_seconds)
-        return abs(self.cadence.interval_seconds() - before) > 0.1 * before
+        if abs(self.cadence.interval_seconds() - before) <= 0.1 * before:
+            return None
+        return (
+            f"saving every {self.interval_seconds() / 60:.1f} min (save {self.cadence.save_seconds:.2f} s, "
+            f"{self.cadence.mtbi_seconds / 3600:g} h between interruptions; Young/Daly)"
+        )

@@ -25,7 +25,7 @@ def find_newest_unvouched(store: CheckpointStore) -> tuple[str | None, list[str]
     names = store.names()
     candidates = [n for n in names if n.endswith(".ckpt") and manifest_name(n) not in names]
     candidates.sort(key=store.modified_unix, reverse=True)
-    skipped = []
+    skipped: list[str] = []
     for name in candidates:
         problem = unvouched_problem(store, name)
         if problem is None:
