@@ -105,7 +105,7 @@ def restore_from_when_unset(trainer: pl.Trainer, choose: Callable[[], str | None
             checkpoint_path = choose()
         original(checkpoint_path, weights_only)
 
-    connector.resume_start = resume_start
+    connector.resume_start = resume_start  # type: ignore[method-assign]  # on this instance, until it runs
 
 
 def dump_checkpoint(trainer: pl.Trainer, weights_only: bool) -> dict[str, Any]:
@@ -125,7 +125,7 @@ def before_train_iterator(trainer: pl.Trainer, fn: Callable[[list[Any]], None]) 
         if fit_loop._combined_loader is not None:
             fn(list(fit_loop._combined_loader.flattened))
 
-    fit_loop._load_combined_loader_states = load_then_call
+    fit_loop._load_combined_loader_states = load_then_call  # type: ignore[method-assign]  # on this instance
 
 
 def train_loaders(trainer: pl.Trainer) -> list[Any]:
@@ -159,7 +159,7 @@ def sampler_in_lightning_wrapper(sampler: Any) -> Any:
 
     if not isinstance(sampler, DistributedSamplerWrapper):
         return None
-    return sampler.dataset._sampler
+    return sampler.dataset._sampler  # type: ignore[attr-defined]  # the wrapper's dataset is a _DatasetSamplerWrapper
 
 
 class _StateTrackingCombinedLoader(CombinedLoader):

@@ -31,7 +31,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 from lightning.pytorch import Callback, Trainer
@@ -45,6 +45,11 @@ from lightning_scale import distributed
 from lightning_scale.callbacks import CostTracker, ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import consolidate_checkpoint
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE, UsageError
+
+if TYPE_CHECKING:
+    from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy, PipelineParallelStrategy
+
+    ScaleStrategy = DataParallelStrategy | ModelParallelStrategy | PipelineParallelStrategy
 
 __all__ = ["ScaleCLI", "main", "strategy_names_as_class_paths"]
 
@@ -174,7 +179,7 @@ def strategy_names_as_class_paths(argv: list[str]) -> list[str]:
     return out
 
 
-def _lightning_scale_strategies() -> list[type]:
+def _lightning_scale_strategies() -> list[type[ScaleStrategy]]:
     from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy, PipelineParallelStrategy
 
     return [DataParallelStrategy, ModelParallelStrategy, PipelineParallelStrategy]
@@ -244,7 +249,7 @@ def _usage_error_in(error: BaseException | None) -> BaseException | None:
 
 def _exit_on_usage_error(message: str) -> NoReturn:
     """One short report on rank 0 (every rank found the same), then :data:`USAGE_ERROR_EXIT_CODE` on every rank."""
-    if rank_zero_only.rank == 0:
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # Lightning sets it on the function at import
         print(f"lightning-scale: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(USAGE_ERROR_EXIT_CODE)
 

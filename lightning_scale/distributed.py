@@ -268,13 +268,14 @@ def on_every_rank(fn: Callable[[], T]) -> T:
     return value
 
 
-def init_process_group_per_attempt(backend: str, rank: int, world_size: int, timeout: timedelta) -> bool:
+def init_process_group_per_attempt(backend: str, rank: int, world_size: int, timeout: timedelta | None) -> bool:
     """Under torchrun, create the default group with keys of its own for each restart; False when not applicable.
 
     torchrun shares its rendezvous store with the workers (unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), and that
     store outlives a restart: restarted workers then read the previous attempt's gloo/nccl addresses and fail
     ("connectFullMesh failed ... Connection refused"). A prefix per restart keeps each attempt's keys apart. Single
     node only: across nodes the restart counts differ, so multi-node jobs set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``.
+    ``timeout=None`` (a strategy's ``timeout=None``) keeps torch's default timeouts for the store and the group.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or (dist.is_available() and dist.is_initialized()):
         return False
@@ -282,9 +283,11 @@ def init_process_group_per_attempt(backend: str, rank: int, world_size: int, tim
         # Each agent counts its own restarts (an agent restarted because another node failed does not count), so
         # the count is no common key across nodes: multi-node jobs need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
         return False
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
-    )
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if timeout is None:
+        store = dist.TCPStore(address, port, world_size, is_master=False)
+    else:
+        store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"lightning_scale/attempt_{attempt}", store)
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)

@@ -16,7 +16,7 @@ import torch
 try:  # NumPy is optional for users; torch works without it.
     import numpy as np
 except ImportError:  # pragma: no cover - exercised only where numpy is absent
-    np = None
+    np = None  # type: ignore[assignment]  # every use checks `np is not None`
 
 __all__ = ["capture_rng_state", "restore_rng_state"]
 
@@ -29,7 +29,13 @@ def capture_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state().numpy().tobytes(),
     }
     if np is not None:
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        legacy = np.random.get_state(legacy=True)
+        if not isinstance(legacy, tuple):  # a dict: np.random.set_bit_generator replaced MT19937
+            raise ValueError(
+                f"NumPy's global generator is {legacy.get('bit_generator')}, not MT19937, whose state is the one "
+                "saved here; keep NumPy's default global generator (do not call np.random.set_bit_generator)."
+            )
+        kind, keys, pos, has_gauss, cached = legacy
         state["numpy"] = {
             "kind": kind,
             "keys": keys.tobytes(),

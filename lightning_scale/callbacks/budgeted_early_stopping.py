@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed
+from lightning_scale._trainer_attributes import trainer_callbacks, trainer_fast_dev_run
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks.cost_tracker import CostTracker
 from lightning_scale.errors import ConfigurationError
@@ -137,7 +138,7 @@ class BudgetedEarlyStopping(EarlyStopping):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        trackers = [cb for cb in trainer.callbacks if isinstance(cb, CostTracker)]
+        trackers = [cb for cb in trainer_callbacks(trainer) if isinstance(cb, CostTracker)]
         costed = (self.max_cost_usd, self.max_hours, self.min_improvement_per_usd) != (None, None, None)
         if not trackers and stage == "fit" and costed:
             raise ConfigurationError(
@@ -204,7 +205,7 @@ class BudgetedEarlyStopping(EarlyStopping):
         assert self._tracker is not None
         value = trainer.callback_metrics.get(self.monitor)
         message = None
-        if value is not None and not trainer.fast_dev_run:
+        if value is not None and not trainer_fast_dev_run(trainer):
             self.evaluations.append((self._tracker.report(trainer.global_step).usd_total, float(value)))
             message = self._low_value_message()
         agreed = _first_on_any_rank(message)  # every rank votes, also one that lacks the metric

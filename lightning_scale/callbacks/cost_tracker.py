@@ -284,7 +284,12 @@ class CostTracker(Callback):
         # one value per hook call, so the step or epoch aggregate is the value right now. Every rank bills the same
         # job on its own clock: at validation the logged value is their mean (one all-reduce per metric, as Lightning
         # asks of epoch-level metrics in a distributed run); per step each rank logs its own, without a collective
-        options = {"on_step": on_step, "on_epoch": not on_step, "batch_size": 1, "sync_dist": not on_step}
+        options: dict[str, Any] = {
+            "on_step": on_step,
+            "on_epoch": not on_step,
+            "batch_size": 1,
+            "sync_dist": not on_step,
+        }
         metrics = report.metrics()
         pl_module.log_dict(metrics, **options)
         if self.progress_bar:

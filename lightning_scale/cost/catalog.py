@@ -145,28 +145,28 @@ def _parse_row(row: dict[str, str | None], where: str) -> InstancePrice:
     missing = [column for column in COLUMNS if row.get(column) is None]
     if missing:
         raise PriceCatalogError(f"{where}: no value for {missing}; every row has the {len(COLUMNS)} columns.")
-    row = {key: str(value) for key, value in row.items() if key is not None}
+    cells = {key: str(value) for key, value in row.items() if key is not None}
     try:
-        on_demand = float(row["on_demand_usd_per_hour"])
-        spot = float(row["spot_usd_per_hour"]) if row["spot_usd_per_hour"].strip() else None
-        count = int(row["accelerator_count"])
-        memory = float(row["accelerator_memory_gib"])
-        date.fromisoformat(row["date"].strip())
+        on_demand = float(cells["on_demand_usd_per_hour"])
+        spot = float(cells["spot_usd_per_hour"]) if cells["spot_usd_per_hour"].strip() else None
+        count = int(cells["accelerator_count"])
+        memory = float(cells["accelerator_memory_gib"])
+        date.fromisoformat(cells["date"].strip())
     except (TypeError, ValueError) as err:
         raise PriceCatalogError(f"{where}: {err} (prices and sizes are numbers, date is YYYY-MM-DD).") from err
     if not on_demand >= 0 or (spot is not None and not spot >= 0):  # NaN fails too
-        raise PriceCatalogError(f"{where}: negative price for {row['instance_type']}; prices are USD per hour >= 0.")
-    if not row["source"].strip():
-        raise PriceCatalogError(f"{where}: {row['instance_type']} has no source; every price says where it is from.")
+        raise PriceCatalogError(f"{where}: negative price for {cells['instance_type']}; prices are USD per hour >= 0.")
+    if not cells["source"].strip():
+        raise PriceCatalogError(f"{where}: {cells['instance_type']} has no source; every price says where it is from.")
     return InstancePrice(
-        provider=row["provider"].strip().lower(),
-        instance_type=row["instance_type"].strip(),
-        region=row["region"].strip(),
-        accelerator=row["accelerator"].strip(),
+        provider=cells["provider"].strip().lower(),
+        instance_type=cells["instance_type"].strip(),
+        region=cells["region"].strip(),
+        accelerator=cells["accelerator"].strip(),
         accelerator_count=count,
         accelerator_memory_gib=memory,
         on_demand_usd_per_hour=on_demand,
         spot_usd_per_hour=spot,
-        date=row["date"].strip(),
-        source=row["source"].strip(),
+        date=cells["date"].strip(),
+        source=cells["source"].strip(),
     )

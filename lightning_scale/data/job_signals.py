@@ -139,7 +139,7 @@ def shield_workers(loader: Any, signals: Sequence[str]) -> bool:
     if blocking is not None:
         signums = frozenset(signal.Signals[name] for name in shield.signals)
         shielded = copy.copy(context)
-        shielded.Process = functools.partial(_blocking_process, blocking, signums)  # type: ignore[method-assign]
+        shielded.Process = functools.partial(_blocking_process, blocking, signums)  # type: ignore[misc]  # this copy only
         loader.multiprocessing_context = shielded
     loader.worker_init_fn = shield
     return True

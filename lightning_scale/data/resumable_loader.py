@@ -256,9 +256,9 @@ def _problems(loader: Any, name: str, inner_sampler: Callable[[Any], Any]) -> li
         ]
     batch_sampler = loader.batch_sampler
     if batch_sampler is not None and type(batch_sampler) not in _PLAIN_BATCH_SAMPLERS:
-        candidates = [batch_sampler]  # a custom batch sampler is kept as given: nothing seeds it
-    else:
-        sampler = loader.sampler if batch_sampler is None else batch_sampler.sampler
+        candidates: list[Any] = [batch_sampler]  # a custom batch sampler is kept as given: nothing seeds it
+    else:  # no batch sampler, or one of the plain ones, which are BatchSamplers
+        sampler = batch_sampler.sampler if isinstance(batch_sampler, BatchSampler) else loader.sampler
         candidates = [sampler, inner_sampler(sampler)]
     for candidate in candidates:
         if candidate is not None and not _ordered_reproducibly(candidate):

@@ -80,7 +80,7 @@ class WorkerRNGDataset(_WorkerRNGState, Dataset[T_co], Generic[T_co]):
         return self.dataset[index]
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)
 
 
 class WorkerRNGIterableDataset(_WorkerRNGState, IterableDataset[T_co], Generic[T_co]):
@@ -109,4 +109,4 @@ class WorkerRNGIterableDataset(_WorkerRNGState, IterableDataset[T_co], Generic[T
         return iter(self.dataset)
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]  # a TypeError when it has none, as for the dataset
+        return len(self.dataset)  # a TypeError when it has none, as for the dataset

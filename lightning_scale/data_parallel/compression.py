@@ -85,7 +85,9 @@ class PowerSGDHook:
 
     def state_dict(self) -> dict[str, Any]:
         """The running state, per parameter, as tensors and numbers."""
-        name, keys, position, has_gauss, cached_gaussian = self.state.rng.get_state()
+        legacy = self.state.rng.get_state(legacy=True)
+        assert isinstance(legacy, tuple)  # a RandomState is MT19937, whose legacy state is a tuple
+        name, keys, position, has_gauss, cached_gaussian = legacy
         rng = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
                "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}  # fmt: skip
         counters = {name: int(getattr(self.state, name)) for name in _COUNTERS}

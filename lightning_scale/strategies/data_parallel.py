@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -107,16 +108,18 @@ class DataParallelStrategy(DDPStrategy):
         super().configure_ddp()
         if self._hook is None:
             return
+        model = self.model
+        assert isinstance(model, DistributedDataParallel), "Lightning's configure_ddp wraps the model in DDP"
         if self._hook.powersgd is not None:
-            self._hook.powersgd.bind(self.model.parameters())  # type: ignore[union-attr]
-        self.model.register_comm_hook(self._hook.state, self._hook.hook)  # type: ignore[union-attr]
+            self._hook.powersgd.bind(model.parameters())
+        model.register_comm_hook(self._hook.state, self._hook.hook)
 
     @override
     def setup_optimizers(self, trainer: pl.Trainer) -> None:
         super().setup_optimizers(trainer)
         if self.zero_stage == 0:
             return
-        sharded = []
+        sharded: list[Optimizer] = []
         for optimizer in self.optimizers:
             zero = shard_optimizer(optimizer)
             for config in self.lr_scheduler_configs:  # schedulers set the learning rate on the optimizer they hold
@@ -127,7 +130,7 @@ class DataParallelStrategy(DDPStrategy):
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        state = super().optimizer_state(optimizer)  # ZeRO: consolidated on rank 0 (a collective)
+        state: dict[str, Any] = super().optimizer_state(optimizer)  # ZeRO: consolidated on rank 0 (a collective)
         powersgd = self._powersgd()
         if powersgd is not None and self._is_first(optimizer):
             ranks = distributed.gather_object(powersgd.state_dict())  # on rank 0, which writes; it differs per rank

@@ -106,6 +106,7 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         module = self.lightning_module
+        assert module is not None, "the Trainer attaches the LightningModule before the strategy's setup"
         if is_overridden("configure_model", module):  # the user parallelised the model: Lightning's behaviour
             super().setup(trainer)
             return
@@ -120,6 +121,7 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
     def _parallelize(self, module: pl.LightningModule) -> None:
         units = sharding_units(module, self.min_params_to_shard)
         mesh = self.device_mesh
+        assert isinstance(self._tensor_parallel_size, int), "setup_environment resolved 'auto'"
         if self._tensor_parallel_size > 1:
             plan_hook = getattr(module, "tensor_parallel_plan", None)
             plan = plan_hook() if callable(plan_hook) else default_tensor_parallel_plan(module, units)
