@@ -21,6 +21,8 @@ from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.checkpoint.manifest import find_newest_valid, list_manifests, read_manifest
 from lightning_scale.checkpoint.progress import PROGRESS_NAME
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
+from tests import fitting
+from tests.fitting import AtStep
 from tests.tcp_proxy import TcpProxy
 
 s3fs = pytest.importorskip("s3fs")
@@ -86,16 +88,10 @@ class _StepRecorder(Callback):
 
 
 def _fit(dirpath, max_steps, trainer_kwargs, root_dir):
-    lightning.seed_everything(0)
-    model = CharTransformer(vocab_size=64)
-    data = CharDataModule(batch_size=8)
     recorder = _StepRecorder()
     checkpoint = ResumableCheckpoint(dirpath=dirpath, every_n_train_steps=5)
-    trainer = Trainer(
-        max_steps=max_steps, callbacks=[checkpoint, recorder], **{**trainer_kwargs, "default_root_dir": root_dir}
-    )
-    trainer.fit(model, datamodule=data)
-    return trainer, model, recorder
+    trainer = fitting.fit([checkpoint, recorder], trainer_kwargs, max_steps, default_root_dir=root_dir)
+    return trainer, trainer.lightning_module, recorder
 
 
 def test_training_on_s3_auto_resumes_and_matches_an_uninterrupted_run(s3_bucket, tiny_trainer_kwargs, tmp_path):
@@ -237,25 +233,18 @@ def s3_outage(monkeypatch, tmp_path):
         werkzeug_log.setLevel(werkzeug_level)
 
 
-class _AtStep(Callback):
-    """Calls ``fn()`` after the optimizer step that reaches global step ``step`` (before later callbacks' hooks)."""
-
-    def __init__(self, step: int, fn) -> None:
-        self.step, self.fn = step, fn
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            self.fn()
-
-
 def _fit_big(dirpath, max_steps, trainer_kwargs, callbacks=(), **checkpoint_kwargs):
     """A fit whose checkpoints weigh ~19 MB (4 upload parts of 5 MiB), saved every 2 steps."""
-    lightning.seed_everything(0)
-    model = CharTransformer(vocab_size=64, d_model=256)
     recorder = _StepRecorder()
     checkpoint = ResumableCheckpoint(dirpath=dirpath, every_n_train_steps=2, keep_last_k=None, **checkpoint_kwargs)
-    trainer = Trainer(max_steps=max_steps, callbacks=[*callbacks, recorder, checkpoint], **trainer_kwargs)
-    trainer.fit(model, datamodule=CharDataModule(batch_size=8))
+    big = lambda: CharTransformer(vocab_size=64, d_model=256)  # noqa: E731
+    fitting.fit(
+        [*callbacks, recorder, checkpoint],
+        trainer_kwargs,
+        max_steps,
+        model=big,
+        datamodule=CharDataModule(batch_size=8),
+    )
     return checkpoint, recorder
 
 
@@ -274,7 +263,7 @@ def test_synchronous_save_during_an_outage_fails_cleanly_and_the_rerun_resumes_o
 ):
     proxy, bucket, client = s3_outage
     dirpath = f"s3://{bucket}/run"
-    cut_mid_upload = _AtStep(4, lambda: proxy.cut_after(2 * 2**20))
+    cut_mid_upload = AtStep(4, lambda trainer: proxy.cut_after(2 * 2**20))
     with pytest.raises(CheckpointStorageError, match=r"Saving checkpoint epoch=0-step=4\.ckpt failed.*untouched"):
         _fit_big(dirpath, 6, tiny_trainer_kwargs, callbacks=[cut_mid_upload])
     assert proxy.bytes_up > 2 * 2**20 and not proxy.up  # the cut came in the middle of the step-4 upload
@@ -289,7 +278,7 @@ def test_synchronous_save_during_an_outage_fails_cleanly_and_the_rerun_resumes_o
         dirpath,
         6,
         tiny_trainer_kwargs,
-        callbacks=[_AtStep(3, lambda: _assert_nothing_half_written(dirpath, client, bucket))],
+        callbacks=[AtStep(3, lambda trainer: _assert_nothing_half_written(dirpath, client, bucket))],
     )  # the same job again, with S3 back
     assert recorder.steps == [3, 4, 5, 6]
     assert _published_steps(dirpath) == [2, 4, 6]
@@ -302,12 +291,12 @@ def test_asynchronous_save_during_an_outage_is_reported_training_goes_on_and_the
     dirpath = f"s3://{bucket}/run"
     checkpoints: list[ResumableCheckpoint] = []
 
-    def restore_once_the_step_4_save_gave_up() -> None:
+    def restore_once_the_step_4_save_gave_up(trainer) -> None:
         while checkpoints[0].save_in_flight:
             time.sleep(0.05)
         proxy.restore()
 
-    callbacks = [_AtStep(4, lambda: proxy.cut_after(2 * 2**20)), _AtStep(6, restore_once_the_step_4_save_gave_up)]
+    callbacks = [AtStep(4, lambda trainer: proxy.cut_after(2 * 2**20)), AtStep(6, restore_once_the_step_4_save_gave_up)]
     original_init = ResumableCheckpoint.__init__
 
     def remember(self, *args, **kwargs):
@@ -334,12 +323,12 @@ def test_a_brief_outage_mid_multipart_upload_is_retried_the_checkpoint_lands_who
     proxy, bucket, client = s3_outage
     monkeypatch.setattr(knobs, "STORAGE_BACKOFF_S", 2.0)
 
-    def outage_of_one_second() -> None:  # outlasts the abort s3fs sends when a part fails, not our backoff
+    def outage_of_one_second(trainer) -> None:  # outlasts the abort s3fs sends when a part fails, not our backoff
         proxy.cut_after(2 * 2**20)
         threading.Timer(1.0, proxy.restore).start()
 
     with caplog.at_level(logging.WARNING, logger="lightning_scale.checkpoint.retry"):
-        _fit_big(f"s3://{bucket}/run", 4, tiny_trainer_kwargs, callbacks=[_AtStep(4, outage_of_one_second)])
+        _fit_big(f"s3://{bucket}/run", 4, tiny_trainer_kwargs, callbacks=[AtStep(4, outage_of_one_second)])
     assert "Uploading .epoch=0-step=4.ckpt.partial failed" in caplog.text and "attempt 2/3" in caplog.text
     assert _published_steps(f"s3://{bucket}/run") == [2, 4]
     newest, skipped = find_newest_valid(CheckpointStore(f"s3://{bucket}/run"))

@@ -7,32 +7,18 @@ import time
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch import Callback
 
-from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.checkpoint.manifest import list_manifests
-
-
-class AtStep(Callback):
-    """Calls ``fn(trainer, module)`` after the optimizer step that reaches global step ``step``."""
-
-    def __init__(self, step: int, fn) -> None:
-        self.step, self.fn = step, fn
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            self.fn(trainer, pl_module)
+from tests import fitting
+from tests.fitting import AtStep
 
 
 def fit(dirpath, trainer_kwargs, max_steps, callbacks=(), **checkpoint_kwargs):
-    seed_everything(0)
-    model = CharTransformer(vocab_size=64)
     checkpoint = ResumableCheckpoint(dirpath=dirpath, async_save=True, **checkpoint_kwargs)
-    trainer = Trainer(max_steps=max_steps, callbacks=[*callbacks, checkpoint], **trainer_kwargs)
-    trainer.fit(model, datamodule=CharDataModule(batch_size=8))
-    return trainer, checkpoint
+    return fitting.fit([*callbacks, checkpoint], trainer_kwargs, max_steps), checkpoint
 
 
 def steps_published(dirpath: str) -> list[int]:
@@ -46,10 +32,10 @@ def test_training_goes_on_while_the_save_is_written_and_the_file_holds_the_state
     faulty.gate.clear()  # every write waits until the test lets it through
     seen: dict[str, object] = {}
 
-    def remember_state(trainer, module) -> None:
-        seen["weights"] = {k: v.clone() for k, v in module.state_dict().items()}
+    def remember_state(trainer) -> None:
+        seen["weights"] = {k: v.clone() for k, v in trainer.lightning_module.state_dict().items()}
 
-    def check_save_in_flight(trainer, module) -> None:
+    def check_save_in_flight(trainer) -> None:
         seen["published_at_step_3"] = steps_published(dirpath)
         seen["writes_started"] = faulty.writes_started
         faulty.gate.set()
@@ -115,7 +101,7 @@ def test_save_now_waits_for_the_save_in_flight_then_saves_this_step_durably(faul
     dirpath = "faulty://async-preempted"
     seen: dict[str, object] = {}
 
-    def save_now_while_in_flight(trainer, module) -> None:
+    def save_now_while_in_flight(trainer) -> None:
         checkpoint = ResumableCheckpoint.of(trainer, "test")
         assert checkpoint.save_in_flight, "the step-4 save should still be in flight"
         threading.Timer(0.3, faulty.gate.set).start()
@@ -128,7 +114,7 @@ def test_save_now_waits_for_the_save_in_flight_then_saves_this_step_durably(faul
         dirpath,
         tiny_trainer_kwargs,
         max_steps=6,
-        callbacks=[AtStep(4, lambda t, m: faulty.gate.clear()), AtStep(5, save_now_while_in_flight)],
+        callbacks=[AtStep(4, lambda trainer: faulty.gate.clear()), AtStep(5, save_now_while_in_flight)],
         every_n_train_steps=4,
         keep_last_k=None,
     )

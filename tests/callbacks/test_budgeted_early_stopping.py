@@ -6,22 +6,13 @@ import csv
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import BudgetedEarlyStopping, CostTracker, ResumableCheckpoint
 from lightning_scale.testing.step_clock import StepClock
-
-
-def fit(callbacks, tiny_trainer_kwargs, max_steps, model=None, datamodule=None, **kwargs):
-    seed_everything(0)
-    trainer = Trainer(max_steps=max_steps, callbacks=callbacks, **{**tiny_trainer_kwargs, **kwargs})
-    if model is None:
-        model, datamodule = CharTransformer(vocab_size=64), CharDataModule(batch_size=8)
-    trainer.fit(model, datamodule=datamodule)
-    return trainer
+from tests.fitting import fit
 
 
 def priced(**budget):
@@ -91,7 +82,7 @@ def test_too_little_improvement_per_usd_stops_and_says_why(tiny_trainer_kwargs):
     clock = StepClock(seconds_per_step=450.0)
     callbacks = [clock, CostTracker(price_per_hour=8.0, clock=clock.now), stopper]
     kwargs = {"limit_val_batches": 1, "val_check_interval": 2, "num_sanity_val_steps": 0}
-    trainer = fit(callbacks, tiny_trainer_kwargs, 40, model=Scripted([9.0, 8.0, 7.0, 6.9, 6.8, 6.7]), **kwargs)
+    trainer = fit(callbacks, tiny_trainer_kwargs, 40, model=lambda: Scripted([9.0, 8.0, 7.0, 6.9, 6.8, 6.7]), **kwargs)
     # at the 4th evaluation the last 2 improved 1.1 for 4 USD (0.275/USD); at the 5th 0.2 for 4 USD (0.05/USD): stop
     assert (trainer.global_step, stopper.budget_reason) == (10, "min_improvement_per_usd"), (
         stopper.stopping_reason_message,

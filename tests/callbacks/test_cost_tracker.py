@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
@@ -15,15 +15,9 @@ from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import CostTracker, ResumableCheckpoint
 from lightning_scale.cost import PriceCatalogError
 from lightning_scale.testing.step_clock import StepClock
+from tests.fitting import fit
 
 BATCH = 8
-
-
-def fit(callbacks, tiny_trainer_kwargs, max_steps, **kwargs):
-    seed_everything(0)
-    trainer = Trainer(max_steps=max_steps, callbacks=callbacks, **{**tiny_trainer_kwargs, **kwargs})
-    trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=BATCH))
-    return trainer
 
 
 def logged_rows(log_dir: Path) -> list[dict[str, str]]:

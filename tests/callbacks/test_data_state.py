@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from examples.char_transformer import CharDataModule, CharTransformer
+from examples.char_transformer import CharDataModule
 from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
+from tests import fitting
 from tests.data.user_code import OwnOrder
 
 
@@ -18,7 +19,7 @@ def rank_state(end_of_epoch: bool) -> dict:
     return {"epoch": 3, "end_of_epoch": end_of_epoch, "batches_consumed": 17, "loaders": [], "rng": None}
 
 
-def fitting(callback: DataStateCheckpoint) -> DataStateCheckpoint:
+def set_up_for_fit(callback: DataStateCheckpoint) -> DataStateCheckpoint:
     callback.setup(Trainer(logger=False, enable_progress_bar=False), None, "fit")
     return callback
 
@@ -26,7 +27,7 @@ def fitting(callback: DataStateCheckpoint) -> DataStateCheckpoint:
 def test_mid_epoch_checkpoint_from_another_world_size_is_refused():
     state = {"version": 1, "world_size": 2, "rank_0": rank_state(False), "rank_1": rank_state(False)}
     with pytest.raises(ValueError, match=r"written by 2 processes in the middle of epoch 3.*Resume with 2 processes"):
-        fitting(DataStateCheckpoint()).load_state_dict(state)
+        set_up_for_fit(DataStateCheckpoint()).load_state_dict(state)
 
 
 def test_outside_fit_the_data_state_is_ignored():
@@ -36,7 +37,7 @@ def test_outside_fit_the_data_state_is_ignored():
 
 def test_end_of_epoch_checkpoint_from_another_world_size_resumes_with_a_warning():
     state = {"version": 1, "world_size": 2, "rank_0": rank_state(True), "rank_1": rank_state(True)}
-    callback = fitting(DataStateCheckpoint())
+    callback = set_up_for_fit(DataStateCheckpoint())
     with pytest.warns(UserWarning, match=r"written by 2 processes with 1: the next epoch is split for 1"):
         callback.load_state_dict(state)
     assert callback._pending == {"epoch": 3, "end_of_epoch": True, "loaders": None, "rng": None}
@@ -44,16 +45,15 @@ def test_end_of_epoch_checkpoint_from_another_world_size_resumes_with_a_warning(
 
 def test_unknown_state_version_is_refused():
     with pytest.raises(ValueError, match=r"version 99.*reads version 1"):
-        fitting(DataStateCheckpoint()).load_state_dict({"version": 99, "world_size": 1})
+        set_up_for_fit(DataStateCheckpoint()).load_state_dict({"version": 99, "world_size": 1})
 
 
 def fit_with_model_checkpoint(dirpath, trainer_kwargs, max_steps, ckpt_path=None):
-    seed_everything(0)
-    model = CharTransformer(vocab_size=64)
     checkpoint = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=7, save_top_k=-1)
-    trainer = Trainer(max_steps=max_steps, callbacks=[DataStateCheckpoint(), checkpoint], **trainer_kwargs)
-    trainer.fit(model, datamodule=CharDataModule(batch_size=8, augment=True), ckpt_path=ckpt_path)
-    return model
+    data = CharDataModule(batch_size=8, augment=True)
+    return fitting.fit(
+        [DataStateCheckpoint(), checkpoint], trainer_kwargs, max_steps, ckpt_path=ckpt_path, datamodule=data
+    ).lightning_module
 
 
 def test_stores_per_rank_state_and_drops_lightnings_rank0_loader_state(tmp_path, tiny_trainer_kwargs):
@@ -102,16 +102,14 @@ class SeenIds(Callback):
 
 
 def fit_stream(dirpath, trainer_kwargs, max_steps, stock=False):
-    seed_everything(0)
-    model, seen = CharTransformer(vocab_size=64), SeenIds()
+    seen = SeenIds()
     checkpoint = (
         ModelCheckpoint(dirpath=dirpath, every_n_train_steps=7, save_top_k=-1)
         if stock
         else ResumableCheckpoint(dirpath=str(dirpath), every_n_train_steps=7)
     )
-    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint, seen], **trainer_kwargs)
-    trainer.fit(model, datamodule=StreamData(batch_size=8))
-    return model, seen.ids
+    trainer = fitting.fit([checkpoint, seen], trainer_kwargs, max_steps, datamodule=StreamData(batch_size=8))
+    return trainer.lightning_module, seen.ids
 
 
 def test_loader_without_length_saves_the_consumed_batch_not_the_one_fetched_ahead(tmp_path, tiny_trainer_kwargs):

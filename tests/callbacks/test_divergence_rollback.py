@@ -6,20 +6,21 @@ import csv
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 
 from examples.char_transformer import CharDataModule
 from lightning_scale.callbacks import DivergenceRollback, ResumableCheckpoint
+from tests import fitting
 from tests.factories import PoisonedTransformer
 
 
 def fit(tmp_path, tiny_trainer_kwargs, model, rollback, max_steps=12, **kwargs):
-    seed_everything(0)
     checkpoint = ResumableCheckpoint(str(tmp_path / "ckpt"), every_n_train_steps=5, keep_last_k=None)
-    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint, rollback], **{**tiny_trainer_kwargs, **kwargs})
-    trainer.fit(model, datamodule=CharDataModule(batch_size=8))
-    return trainer
+    data = CharDataModule(batch_size=8)
+    return fitting.fit(
+        [checkpoint, rollback], tiny_trainer_kwargs, max_steps, model=lambda: model, datamodule=data, **kwargs
+    )
 
 
 def weights_of_step(tmp_path, step):

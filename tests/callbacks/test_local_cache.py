@@ -5,36 +5,21 @@ from __future__ import annotations
 import threading
 
 import pytest
-from lightning.pytorch import Callback, Trainer, seed_everything
 
-from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore
 from lightning_scale.checkpoint.manifest import list_manifests
-
-
-class AtStep(Callback):
-    def __init__(self, step: int, fn) -> None:
-        self.step, self.fn = step, fn
-        self.first_step: int | None = None
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.first_step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            self.fn(trainer)
+from tests import fitting
+from tests.fitting import AtStep, FirstStep
 
 
 def fit(dirpath, cache, trainer_kwargs, max_steps, at_step=None, **kwargs):
-    seed_everything(0)
     checkpoint = ResumableCheckpoint(
         dirpath=dirpath, local_cache_dir=str(cache), every_n_train_steps=2, keep_last_k=None, **kwargs
     )
-    probe = at_step or AtStep(-1, lambda trainer: None)
-    trainer = Trainer(max_steps=max_steps, callbacks=[probe, checkpoint], **trainer_kwargs)
-    trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
-    return checkpoint, probe
+    first = FirstStep()
+    fitting.fit([first, *([at_step] if at_step else []), checkpoint], trainer_kwargs, max_steps)
+    return checkpoint, first
 
 
 def published(dirpath: str) -> list[int]:

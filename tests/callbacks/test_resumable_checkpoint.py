@@ -16,27 +16,24 @@ from lightning_scale import knobs
 from lightning_scale.callbacks import CostTracker, DataStateCheckpoint, ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError, CheckpointStore, find_newest_valid
 from lightning_scale.checkpoint.progress import PROGRESS_NAME, ProgressMarker
-
-
-class FirstStep(Callback):
-    """Records the global step at which training (re)started."""
-
-    def __init__(self) -> None:
-        self.first_step: int | None = None
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.first_step = trainer.global_step
+from tests import fitting
+from tests.fitting import FirstStep
 
 
 def fit(dirpath, trainer_kwargs, max_steps, ckpt_path=None, d_model=32, extra_callbacks=(), **checkpoint_kwargs):
-    seed_everything(0)
-    model = CharTransformer(vocab_size=64, d_model=d_model)
-    data = CharDataModule(batch_size=8, augment=True)
     checkpoint = ResumableCheckpoint(dirpath=str(dirpath), **checkpoint_kwargs)
     first = FirstStep()
-    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint, first, *extra_callbacks], **trainer_kwargs)
-    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
-    return trainer, model, checkpoint, first.first_step
+    model = lambda: CharTransformer(vocab_size=64, d_model=d_model)  # noqa: E731
+    data = CharDataModule(batch_size=8, augment=True)
+    trainer = fitting.fit(
+        [checkpoint, first, *extra_callbacks],
+        trainer_kwargs,
+        max_steps,
+        ckpt_path=ckpt_path,
+        model=model,
+        datamodule=data,
+    )
+    return trainer, trainer.lightning_module, checkpoint, first.first_step
 
 
 def ckpt_names(dirpath: Path) -> list[str]:

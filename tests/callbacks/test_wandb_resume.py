@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import WandbLogger
 
-from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint, WandbResume
+from tests import fitting
 
 
 def fit_with_wandb(tmp_path, tiny_trainer_kwargs, max_steps, **checkpoint_kwargs):
-    seed_everything(0)
     logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="resume")
     checkpoint = ResumableCheckpoint(str(tmp_path / "ckpt"), every_n_train_steps=2, **checkpoint_kwargs)
-    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint], **{**tiny_trainer_kwargs, "logger": logger})
     try:
-        trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
-        return trainer, logger.version
+        return fitting.fit([checkpoint], tiny_trainer_kwargs, max_steps, logger=logger), logger.version
     finally:
         logger.experiment.finish()
 

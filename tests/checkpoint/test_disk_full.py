@@ -12,20 +12,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from lightning.pytorch import Trainer, seed_everything
 
-from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError, CheckpointStore, find_newest_valid
 from lightning_scale.checkpoint.progress import PROGRESS_NAME
+from tests import fitting
 from tests.faulty_fs import FaultyFileSystem
 
 
 def fit(dirpath: str, trainer_kwargs: dict, max_steps: int, async_save: bool) -> ResumableCheckpoint:
-    seed_everything(0)
     checkpoint = ResumableCheckpoint(dirpath=dirpath, every_n_train_steps=2, keep_last_k=None, async_save=async_save)
-    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint], **trainer_kwargs)
-    trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
+    fitting.fit([checkpoint], trainer_kwargs, max_steps)
     return checkpoint
 
 

@@ -4,21 +4,21 @@ corruption detected per file, and consolidation into one file."""
 from __future__ import annotations
 
 import torch
-from lightning.pytorch import Trainer, seed_everything
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore, consolidate_checkpoint, find_newest_valid
 from lightning_scale.checkpoint.manifest import read_manifest
+from tests import fitting
 
 
 def fit(dirpath, trainer_kwargs, max_steps, **checkpoint_kwargs):
-    seed_everything(0)
-    model = CharTransformer(vocab_size=64)
     checkpoint = ResumableCheckpoint(dirpath=str(dirpath), every_n_train_steps=5, sharded=True, **checkpoint_kwargs)
-    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint], **trainer_kwargs)
-    trainer.fit(model, datamodule=CharDataModule(batch_size=8, augment=True))
-    return trainer, model
+    data = CharDataModule(batch_size=8, augment=True)
+    trainer = fitting.fit(
+        [checkpoint], trainer_kwargs, max_steps, model=lambda: CharTransformer(vocab_size=64), datamodule=data
+    )
+    return trainer, trainer.lightning_module
 
 
 def test_a_sharded_checkpoint_is_a_directory_vouched_for_file_by_file(tmp_path, tiny_trainer_kwargs):
