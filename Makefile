@@ -26,6 +26,7 @@ demo: bytecode
 lint: $(STAMP)
 	$(BIN)/ruff check lightning_scale tests examples benchmarks
 	$(BIN)/ruff format --check lightning_scale tests examples benchmarks
+	$(BIN)/mypy
 
 test: lint bytecode
 	$(BIN)/python -m pytest
