@@ -49,15 +49,16 @@ Path = tuple[Any, ...]
 
 
 def save_sharded(
-    checkpoint: Mapping[str, Any], store: CheckpointStore, name: str, lightning_layout: bool, group: Any = None
+    checkpoint: Mapping[str, Any], store: CheckpointStore, name: str, native: bool, group: Any = None
 ) -> list[str]:
     """Write ``checkpoint`` (Lightning's dict) as the directory ``name`` of ``store``; call on every rank of ``group``
     (default: all ranks' default group).
 
-    ``lightning_layout``: Lightning's layout, for strategies that shard the state. Returns the directory's file names
-    (the same list on every rank). Raises on every rank when any rank's write fails.
+    ``native``: the state dict holds the strategy's own shards (written in Lightning's layout for such strategies).
+    Returns the directory's file names (the same list on every rank). Raises on every rank when any rank's write
+    fails.
     """
-    if lightning_layout:
+    if native:
         tensors = {"state_dict": checkpoint["state_dict"]}
         tensors.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.get("optimizer_states", []))})
         meta = {key: value for key, value in checkpoint.items() if key not in _LIGHTNING_TENSORS}
