@@ -6,6 +6,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import WandbLogger
 
+from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.callbacks.data_state import DataStateCheckpoint
 from lightning_scale.callbacks.wandb_resume import WandbResume
 
@@ -15,12 +16,12 @@ __all__ = ["add_companions"]
 def add_companions(trainer: pl.Trainer, data_state: bool, strict_resume: bool, wandb_resume: bool) -> None:
     """Add what is missing (Lightning's setup loop reaches an appended callback next); with ``strict_resume`` every
     ``DataStateCheckpoint`` of the Trainer becomes strict."""
-    data_states = [cb for cb in trainer.callbacks if isinstance(cb, DataStateCheckpoint)]
+    data_states = [cb for cb in trainer_callbacks(trainer) if isinstance(cb, DataStateCheckpoint)]
     if data_state and not data_states:
         data_states = [DataStateCheckpoint()]
-        trainer.callbacks.append(data_states[0])
+        trainer_callbacks(trainer).append(data_states[0])
     for callback in data_states if strict_resume else []:
         callback.strict = True
     wandb = any(isinstance(logger, WandbLogger) for logger in trainer.loggers)
-    if wandb_resume and wandb and not any(isinstance(cb, WandbResume) for cb in trainer.callbacks):
-        trainer.callbacks.append(WandbResume())
+    if wandb_resume and wandb and not any(isinstance(cb, WandbResume) for cb in trainer_callbacks(trainer)):
+        trainer_callbacks(trainer).append(WandbResume())

@@ -6,13 +6,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_scale import distributed
 from lightning_scale._process_local import ProcessLocal
+from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.checkpoint.progress import ProgressMarker, ResumeInfo
 from lightning_scale.checkpoint.rank_zero import on_storage
 from lightning_scale.checkpoint.resume import (
@@ -28,6 +29,13 @@ from lightning_scale.checkpoint.store import CheckpointStore
 __all__ = ["RunLineage", "reported"]
 
 T = TypeVar("T")
+
+
+@runtime_checkable
+class SummarisesResume(Protocol):
+    """A callback with a line for the resume banner (``CostTracker``: the cost so far and what was lost)."""
+
+    def resume_summary(self) -> str | None: ...
 
 
 class RunLineage(ProcessLocal):
@@ -82,7 +90,7 @@ class RunLineage(ProcessLocal):
         holds checkpoints newer than the state this fit starts from."""
         self._progress_from = trainer.global_step
         if self._resume_info is not None:  # rank 0; checkpoint callbacks' hooks run last: costs are restored
-            summaries = [cb.resume_summary() for cb in trainer.callbacks if callable(getattr(cb, "resume_summary", 0))]
+            summaries = [cb.resume_summary() for cb in trainer_callbacks(trainer) if isinstance(cb, SummarisesResume)]
             rank_zero_info(self._resume_info.banner(summaries[0] if summaries else None))
             self._resume_info = None
         position = self._resumed_at or (self.generation, trainer.global_step)

@@ -24,6 +24,7 @@ from typing_extensions import override
 from lightning_scale import distributed
 from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset, trainer_logs_this_step
 from lightning_scale._process_local import ProcessLocal
+from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.callbacks._checkpoint_arguments import checked_every_n_minutes
 from lightning_scale.callbacks._checkpoint_companions import add_companions
 from lightning_scale.callbacks._checkpoint_format import choose_format, local_cache
@@ -187,7 +188,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     @staticmethod
     def of(trainer: pl.Trainer, needed_by: str) -> ResumableCheckpoint:
         """The Trainer's ``ResumableCheckpoint``; raises ``ValueError`` naming ``needed_by`` and the fix when none."""
-        found = [cb for cb in trainer.callbacks if isinstance(cb, ResumableCheckpoint)]
+        found = [cb for cb in trainer_callbacks(trainer) if isinstance(cb, ResumableCheckpoint)]
         if not found:
             raise ConfigurationError(
                 f"{needed_by} needs a ResumableCheckpoint among the Trainer's callbacks; add "

@@ -158,7 +158,7 @@ class CheckpointStore:
 
     def open(self, name: str) -> BinaryIO:
         """``name`` opened for reading, seekable (an object store's file is read in ranges as it is read)."""
-        return self.fs.open(self.path(name), "rb")  # type: ignore[no-any-return]
+        return self.fs.open(self.path(name), "rb")
 
     def read_bytes(self, name: str) -> bytes:
         with self.fs.open(self.path(name), "rb") as handle:
