@@ -1,7 +1,44 @@
-"""Pipeline parallelism: checking and splitting a stack into stages, materialising meta blocks (no Lightning)."""
+"""The pipeline engine (no Lightning): torch's schedules by name, splitting a stack into stages, meta-block
+materialisation, the step runner, the gradient stash, cross-stage clipping and checkpoint state gather/split."""
 
+from lightning_scale.pipeline.batch import inputs_and_target, inputs_of
+from lightning_scale.pipeline.clipping import clip_grad_norm_across_
+from lightning_scale.pipeline.gradients import GradientStash
+from lightning_scale.pipeline.grid import PipelineGrid
 from lightning_scale.pipeline.layout import checked_stack
 from lightning_scale.pipeline.materialize import is_meta, materialize_
-from lightning_scale.pipeline.split import StagePlan, balanced_partition, plan_stages, stage_ranks
+from lightning_scale.pipeline.runner import PipelineRunner
+from lightning_scale.pipeline.schedules import SCHEDULES, ScheduleName, ScheduleSpec, build_schedule, schedule_spec
+from lightning_scale.pipeline.split import StagePlan, balanced_partition, plan_stages, split_module_, stage_ranks
+from lightning_scale.pipeline.state import (
+    gather_model_state,
+    gather_optimizer_state,
+    stage_model_state,
+    stage_optimizer_states,
+)
 
-__all__ = ["StagePlan", "balanced_partition", "checked_stack", "is_meta", "materialize_", "plan_stages", "stage_ranks"]
+__all__ = [
+    "SCHEDULES",
+    "GradientStash",
+    "PipelineGrid",
+    "PipelineRunner",
+    "ScheduleName",
+    "ScheduleSpec",
+    "StagePlan",
+    "balanced_partition",
+    "build_schedule",
+    "checked_stack",
+    "clip_grad_norm_across_",
+    "gather_model_state",
+    "gather_optimizer_state",
+    "inputs_and_target",
+    "inputs_of",
+    "is_meta",
+    "materialize_",
+    "plan_stages",
+    "schedule_spec",
+    "split_module_",
+    "stage_model_state",
+    "stage_optimizer_states",
+    "stage_ranks",
+]

@@ -6,11 +6,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from lightning_scale.errors import ConfigurationError
+from lightning_scale.pipeline.materialize import is_meta, materialize_
 
-__all__ = ["StagePlan", "balanced_partition", "plan_stages", "stage_ranks"]
+__all__ = ["StagePlan", "balanced_partition", "plan_stages", "split_module_", "stage_ranks"]
 
 LOOPED = "looped"
 V_SHAPE = "v"
@@ -73,6 +75,18 @@ class StagePlan:
         names = [self.names[i] for stage in self.local_stages(pipeline_rank) for i in range(*self.bounds[stage])]
         return nn.Sequential(OrderedDict((name, blocks[name]) for name in sorted(names, key=self.names.index)))
 
+    def describe(self, stack: nn.Module) -> str:
+        """One line per stage: its rank, blocks and parameter count (Lightning's ModelSummary shows rank 0's only)."""
+        blocks = dict(stack.named_children())
+        lines = []
+        for stage, ((start, stop), rank) in enumerate(zip(self.bounds, self.ranks, strict=True)):
+            names = self.names[start:stop]
+            count = sum(p.numel() for name in names for p in blocks[name].parameters())
+            lines.append(
+                f"  stage {stage} on pipeline rank {rank}: blocks {names[0]}..{names[-1]}, {count:,} parameters"
+            )
+        return "\n".join(lines)
+
 
 def plan_stages(stack: nn.Module, num_stages: int, pipeline_size: int, style: str) -> StagePlan:
     """Plan ``num_stages`` stages of the ``nn.Sequential``/``nn.ModuleList`` ``stack``, balanced by parameter count.
@@ -96,3 +110,25 @@ def plan_stages(stack: nn.Module, num_stages: int, pipeline_size: int, style: st
     sizes = [max(1, sum(p.numel() for p in blocks[name].parameters())) for name in names]
     bounds = balanced_partition(sizes, num_stages)
     return StagePlan(names=names, bounds=bounds, ranks=stage_ranks(num_stages, pipeline_size, style))
+
+
+def split_module_(
+    module: nn.Module, attribute: str, plan: StagePlan, pipeline_rank: int, device: torch.device, seed: int
+) -> dict[int, nn.Sequential]:
+    """Keep only ``pipeline_rank``'s blocks in ``module.<attribute>`` (under their names), give those built on the meta
+    device storage and initial values (block ``i`` from seed ``seed + i``), and return this rank's stages
+    ``{stage index: module}``.
+
+    Raises ``ValueError`` naming the fix when parts of ``module`` outside the stack are still on the meta device.
+    """
+    stack = getattr(module, attribute)
+    stages = {stage: plan.stage_module(stack, stage) for stage in plan.local_stages(pipeline_rank)}
+    local = plan.local_stack(stack, pipeline_rank)
+    setattr(module, attribute, local)
+    materialize_(((plan.names.index(name), block) for name, block in local.named_children()), device, seed)
+    if is_meta(module):
+        raise ConfigurationError(
+            f"{type(module).__name__} has parts on the meta device outside {attribute!r}; build only the "
+            "stack of blocks under Trainer.init_module(empty_init=True), or everything without it."
+        )
+    return stages
