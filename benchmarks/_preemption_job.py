@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
 import sys
 import time
@@ -19,21 +17,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
+from lightning_scale.testing import Fault, FaultInjector
 
 WARMUP_STEPS = 10
 
 
 class StepTimer(pl.Callback):
-    """Median wall time per training step after a warm-up, written by rank 0; can SIGTERM rank 1 at a step."""
+    """Median wall time per training step after a warm-up, written by rank 0."""
 
-    def __init__(self, out: Path, signal_at: int | None) -> None:
-        self.out, self.signal_at = out, signal_at
+    def __init__(self, out: Path) -> None:
+        self.out = out
         self.times: list[float] = []
         self.last = 0.0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.signal_at is not None and trainer.global_step == self.signal_at and trainer.global_rank == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.perf_counter()
@@ -55,10 +50,10 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(args.workdir)
     pl.seed_everything(0, verbose=False)
-    callbacks: list[pl.Callback] = [
-        StepTimer(workdir / "steps.json", args.steps // 2 if args.variant == "notice" else None),
-        ResumableCheckpoint(dirpath=str(workdir / "ckpt"), every_n_train_steps=args.steps // 4),
-    ]
+    callbacks: list[pl.Callback] = [StepTimer(workdir / "steps.json")]
+    if args.variant == "notice":  # a spot notice to rank 1 half-way
+        callbacks.append(FaultInjector([Fault(step=args.steps // 2, rank=1, kind="SIGTERM")], record_dir=workdir))
+    callbacks.append(ResumableCheckpoint(dirpath=str(workdir / "ckpt"), every_n_train_steps=args.steps // 4))
     if args.variant != "none":
         callbacks.append(SpotPreemption())
     trainer = pl.Trainer(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, spread
+
+from lightning_scale.testing import launch_command, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = Path(__file__).resolve().parent / "_data_parallel_job.py"
@@ -31,10 +32,8 @@ def run(variants: list[str], steps: int) -> dict[str, dict]:
     """One torchrun launch of 2 processes that runs ``variants`` one after another; their results by name."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        command = [*launcher, str(JOB), ",".join(variants), str(steps), str(out)]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        command = launch_command([str(JOB), ",".join(variants), str(steps), str(out)], 2)
+        done = subprocess.run(command, env=launch_environment([ROOT]), capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"{variants} job failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
         return json.loads(out.read_text())

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, spread
+
+from lightning_scale.testing import launch_command, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = Path(__file__).resolve().parent / "_pipeline_job.py"
@@ -36,11 +37,7 @@ def run(job: list[str], processes: int) -> dict[str, list[float]]:
     """One launch of ``_pipeline_job.py`` (under torchrun for several processes): each variant's per-round steps."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        launcher = [sys.executable]
-        if processes > 1:
-            launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        command = [*launcher, str(JOB), *job, str(out)]
+        command, env = launch_command([str(JOB), *job, str(out)], processes), launch_environment([ROOT])
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"{job} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")

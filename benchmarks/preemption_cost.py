@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, spread
 
+from lightning_scale.testing import launch_command, launch_environment
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_VOTE_RATIO = 1.01
 
@@ -33,12 +34,9 @@ TARGET_VOTE_RATIO = 1.01
 def run_job(variant: str, steps: int, d_model: int) -> dict[str, float]:
     workdir = Path(tempfile.mkdtemp(prefix=f"preempt-bench-{variant}-"))
     try:
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            str(ROOT / "benchmarks" / "_preemption_job.py"), f"--variant={variant}", f"--steps={steps}",
-            f"--d-model={d_model}", f"--workdir={workdir}",
-        ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        job = [str(ROOT / "benchmarks" / "_preemption_job.py"), f"--variant={variant}", f"--steps={steps}"]
+        job += [f"--d-model={d_model}", f"--workdir={workdir}"]
+        command, env = launch_command(job, 2), launch_environment([ROOT])
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         if variant == "notice":
             metrics = next(workdir.glob("log/version_*/metrics.csv")).read_text().splitlines()

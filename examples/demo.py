@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
+from lightning_scale.testing import launch_command, launch_environment
 from lightning_scale.testing.processes import descendants, kill_process_tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def rank_process(launcher: int, rank: int) -> int | None:
 
 def run(command: list[str], workdir: Path, preempt_after: int | None, timeout_s: float) -> str:
     """Run ``command``, echo its output as it comes, SIGTERM rank 1 once a checkpoint at ``preempt_after`` exists."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
+    env = launch_environment([ROOT], PYTHONUNBUFFERED="1", WANDB_SILENT="true")
     if sys.stdout.isatty():
         env["TTY_INTERACTIVE"] = "1"  # the Rich progress bar, live, through the pipe
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -96,12 +97,12 @@ def main() -> None:
 
     def command(name: str) -> list[str]:
         out = workdir / name
-        return [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=2",
+        fit = [
             "-m", "lightning_scale", "fit", "--config=examples/configs/demo.yaml", f"--trainer.max_steps={args.steps}",
             f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}",
             f"--checkpoint.dirpath={out / 'checkpoints'}",
         ]  # fmt: skip
+        return launch_command(fit, 2, max_restarts=2)
 
     print(">>> The job:", " ".join(["torchrun", *command("job")[3:]]), flush=True)
     started = time.monotonic()

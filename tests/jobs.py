@@ -7,13 +7,13 @@ each with its own output folder, in one process group."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from lightning_scale.testing import launch_command, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_MARKER = "[tests.jobs] run "
@@ -55,19 +55,13 @@ def _run_log(log: str, name: str) -> str:
 def _launch(module: str, out: Path, config: dict, devices: int, expect_failure: bool) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config))
-    runner = ["-m", module, str(out / "config.json")]
-    if devices > 1:
-        runner = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}", *runner]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONFAULTHANDLER": "1",  # a crash shows where
-        "PYTHONUNBUFFERED": "1",  # the log in the order things happened: each run's part follows its marker
-    }
-    done = subprocess.run(
-        [sys.executable, *runner], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240
+    command = launch_command(["-m", module, str(out / "config.json")], devices)
+    env = launch_environment(
+        [ROOT],
+        PYTHONFAULTHANDLER="1",  # a crash shows where
+        PYTHONUNBUFFERED="1",  # the log in the order things happened: each run's part follows its marker
     )
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
     if expect_failure:
         assert done.returncode != 0
     else:

@@ -20,6 +20,7 @@ from lightning.pytorch import Callback
 from examples.char_transformer import CharTransformer
 from lightning_scale.cli import main
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
+from lightning_scale.testing import launch_command, launch_environment
 from tests.wandb_records import history_values, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -273,14 +274,14 @@ def test_a_usage_error_at_fit_start_is_one_short_message_and_exit_code_2(tmp_pat
 def test_torchrun_restarts_of_a_usage_error_end_at_once_with_the_same_message(tmp_path):
     """torchrun restarts failed workers whatever their exit code; the attempts after the first stop before parsing
     the command further, building the model or joining a process group."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=2",
+    fit = [
         "-m", "lightning_scale", "fit", "--model=tests.pipeline.user_layouts.Preprocessed",
         "--data=tests.pipeline.stack_model.StackData", "--trainer.accelerator=cpu", "--trainer.devices=2",
         "--trainer.strategy=pipeline_parallel", "--trainer.max_steps=2", "--cost.price_per_hour=1",
         f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = launch_command(fit, 2, max_restarts=2)
+    env = launch_environment([ROOT])
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode != 0
     reports = [line for line in output(done).splitlines() if line.startswith("lightning-scale: error:")]

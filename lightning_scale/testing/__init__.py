@@ -1,6 +1,34 @@
-"""Test helpers that users run on their own LightningModule and DataModule."""
+"""Test helpers: check that YOUR LightningModule and DataModule resume exactly, and run training jobs as users run
+them (``torchrun``, real processes), with faults injected at a known rank and step."""
 
-from lightning_scale.testing.exact_resume import ResumeReport, assert_exact_resume, run_interrupted_and_reference
+from lightning_scale.testing.exact_resume import (
+    ResumeReport,
+    assert_exact_resume,
+    read_traces,
+    run_interrupted_and_reference,
+)
+from lightning_scale.testing.faults import Fault, FaultInjector
+from lightning_scale.testing.job import CloudNotices, CostModel, JobConfig, read_job, write_job
+from lightning_scale.testing.launch import launch_command, launch_environment, run_attempt
+from lightning_scale.testing.processes import kill_process_tree, processes_mentioning
 from lightning_scale.testing.step_clock import StepClock
 
-__all__ = ["ResumeReport", "StepClock", "assert_exact_resume", "run_interrupted_and_reference"]
+__all__ = [
+    "CloudNotices",
+    "CostModel",
+    "Fault",
+    "FaultInjector",
+    "JobConfig",
+    "ResumeReport",
+    "StepClock",
+    "assert_exact_resume",
+    "kill_process_tree",
+    "launch_command",
+    "launch_environment",
+    "processes_mentioning",
+    "read_job",
+    "read_traces",
+    "run_attempt",
+    "run_interrupted_and_reference",
+    "write_job",
+]

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from lightning_scale.testing.processes import kill_process_tree
+from lightning_scale.testing.faults import Fault
+from lightning_scale.testing.job import CloudNotices, JobConfig, write_job
+from lightning_scale.testing.launch import run_attempt
 
-__all__ = ["ResumeReport", "assert_exact_resume", "run_interrupted_and_reference"]
-
-
-_RUNNER_TRAINER_ARGS = {
-    "accelerator", "devices", "strategy", "max_steps", "callbacks", "logger", "enable_progress_bar",
-    "enable_model_summary",
-}  # fmt: skip
+__all__ = ["ResumeReport", "assert_exact_resume", "read_traces", "run_interrupted_and_reference"]
 
 
 @dataclasses.dataclass
@@ -43,6 +35,17 @@ class ResumeReport:
     reference_weights: dict[str, torch.Tensor]
     resumed_weights: dict[str, torch.Tensor]
     workdir: Path
+
+    @classmethod
+    def of_jobs(cls, reference: str | Path, resumed: str | Path, devices: int) -> ResumeReport:
+        """The report of two finished runner jobs: their directories (:func:`~lightning_scale.testing.write_job`)."""
+        return cls(
+            reference=read_traces(reference, devices),
+            resumed=read_traces(resumed, devices),
+            reference_weights=torch.load(Path(reference) / "final_rank0.pt", weights_only=True),
+            resumed_weights=torch.load(Path(resumed) / "final_rank0.pt", weights_only=True),
+            workdir=Path(resumed).parent,
+        )
 
     def first_divergence(self) -> str | None:
         """The first step, rank and tensor where the runs differ, or ``None`` when they are identical."""
@@ -139,23 +142,22 @@ def assert_exact_resume(
         >>> from examples.char_transformer import CharDataModule, CharTransformer
         >>> assert_exact_resume(CharTransformer, CharDataModule, steps=30, interrupt_at=12)  # doctest: +SKIP
     """
-    report = run_interrupted_and_reference(
-        model_factory,
-        datamodule_factory,
+    config = JobConfig(
+        model_factory=_importable(model_factory, "model_factory"),
+        datamodule_factory=_importable(datamodule_factory, "datamodule_factory"),
         steps=steps,
-        interrupt_at=interrupt_at,
+        checkpoint_every=checkpoint_every or interrupt_at,
         devices=devices,
-        checkpoint_every=checkpoint_every,
         seed=seed,
-        trainer_kwargs=trainer_kwargs,
         strategy=strategy,
-        strategy_kwargs=strategy_kwargs,
+        strategy_kwargs=strategy_kwargs or {},
         checkpoint=checkpoint,
-        checkpoint_kwargs=checkpoint_kwargs,
+        checkpoint_kwargs=checkpoint_kwargs or {},
+        trainer_kwargs=trainer_kwargs or {},
         trace_params=trace_params,
-        workdir=workdir,
-        timeout_s=timeout_s,
+        interrupt_at=interrupt_at,
     )
+    report = run_interrupted_and_reference(config, workdir=workdir, timeout_s=timeout_s)
     problem = report.first_divergence()
     if problem:
         raise AssertionError(f"The resumed run diverged from the uninterrupted one at {problem} ({report.workdir}).")
@@ -163,135 +165,47 @@ def assert_exact_resume(
 
 
 def run_interrupted_and_reference(
-    model_factory: Callable[[], Any],
-    datamodule_factory: Callable[[], Any],
-    *,
-    steps: int,
-    interrupt_at: int,
-    devices: int = 2,
-    checkpoint_every: int | None = None,
-    seed: int = 0,
-    trainer_kwargs: dict[str, Any] | None = None,
-    strategy: Literal["ddp", "data_parallel", "model_parallel"] = "ddp",
-    strategy_kwargs: dict[str, Any] | None = None,
-    checkpoint: Literal["resumable", "stock"] = "resumable",
-    checkpoint_kwargs: dict[str, Any] | None = None,
-    trace_params: bool = True,
-    workdir: str | Path | None = None,
-    timeout_s: float = 300.0,
+    config: JobConfig, *, workdir: str | Path | None = None, timeout_s: float = 300.0
 ) -> ResumeReport:
-    """Run both jobs of :func:`assert_exact_resume` and return their report without asserting."""
-    every = checkpoint_every or interrupt_at
-    if not 0 < interrupt_at < steps:
-        raise ValueError(f"interrupt_at={interrupt_at} must be between 0 and steps={steps} (exclusive).")
-    if interrupt_at % every:
-        raise ValueError(
-            f"interrupt_at={interrupt_at} is not a multiple of checkpoint_every={every}: no checkpoint is written at "
-            "that step. Choose interrupt_at as a multiple of checkpoint_every."
-        )
-    clashes = sorted(set(trainer_kwargs or {}) & _RUNNER_TRAINER_ARGS)
-    if clashes:
-        raise ValueError(f"trainer_kwargs may not set {clashes}: assert_exact_resume sets them itself.")
+    """Run both jobs of :func:`assert_exact_resume` for ``config`` and return their report without asserting.
+
+    Args:
+        config: The interrupted job; its ``interrupt_at`` must be set. The reference is the same job without it.
+        workdir: Directory for checkpoints, traces and logs (default: a new temporary directory).
+        timeout_s: Limit for each attempt.
+    """
+    if config.interrupt_at is None:
+        raise ValueError("config.interrupt_at is None: set the step whose checkpoint the interrupted run stops after.")
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="exact-resume-"))
     if root.exists() and any(root.iterdir()):
         raise ValueError(f"workdir={str(root)!r} is not empty; old checkpoints there would be resumed. Use a new one.")
-    base = {
-        "model_factory": _importable(model_factory, "model_factory"),
-        "datamodule_factory": _importable(datamodule_factory, "datamodule_factory"),
-        "steps": steps,
-        "devices": devices,
-        "seed": seed,
-        "checkpoint": checkpoint,
-        "checkpoint_kwargs": checkpoint_kwargs or {},
-        "checkpoint_every": every,
-        "trainer_kwargs": trainer_kwargs or {},
-        "strategy": strategy,
-        "strategy_kwargs": strategy_kwargs or {},
-        "trace_params": trace_params,
-        "sys_path": [p for p in sys.path if p],
-    }
-    reference = _job(root / "reference", {**base, "interrupt_at": None})
-    _attempt(reference, timeout_s, expect="finish")
-    interrupted = _job(root / "interrupted", {**base, "interrupt_at": interrupt_at})
-    _attempt(interrupted, timeout_s, expect="marker")
-    _attempt(interrupted, timeout_s, expect="finish")  # the same command again: it must resume by itself
-    return ResumeReport(
-        reference=_traces(reference.parent, devices),
-        resumed=_traces(interrupted.parent, devices),
-        reference_weights=torch.load(reference.parent / "final_rank0.pt", weights_only=True),
-        resumed_weights=torch.load(interrupted.parent / "final_rank0.pt", weights_only=True),
-        workdir=root,
-    )
+    reference = write_job(root / "reference", dataclasses.replace(config, interrupt_at=None))
+    run_attempt(reference, timeout_s, expect="finish")
+    interrupted = write_job(root / "interrupted", config)
+    run_attempt(interrupted, timeout_s, expect="marker")
+    run_attempt(interrupted, timeout_s, expect="finish")  # the same command again: it must resume by itself
+    return ResumeReport.of_jobs(reference.parent, interrupted.parent, config.devices)
+
+
+def read_traces(out_dir: str | Path, devices: int) -> dict[int, list[dict[str, Any]]]:
+    """Per rank, the runner's record of every training step of the job in ``out_dir`` (empty for a missing rank).
+
+    Each record holds ``step``, ``epoch``, ``batch`` (a digest), ``loss`` (``float.hex``), and when traced
+    ``sample_ids`` and ``params`` (a digest per parameter).
+    """
+    traces = {}
+    for rank in range(devices):
+        path = Path(out_dir) / f"trace_rank{rank}.jsonl"
+        traces[rank] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return traces
+
+
+# Transitional, for tests/callbacks/test_spot_preemption.py only (edited elsewhere meanwhile): it still writes the
+# untyped job dict. It moves to write_job(out, JobConfig(...)) and run_attempt with its next edit; then these go.
+_attempt = run_attempt
 
 
 def _job(out_dir: Path, config: dict[str, Any]) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = {
-        **config,
-        "out_dir": str(out_dir),
-        "ckpt_dir": str(out_dir / "checkpoints"),
-        "marker": str(out_dir / "interrupted.marker"),
-    }
-    path = out_dir / "config.json"
-    path.write_text(json.dumps(config, indent=1))
-    return path
-
-
-def _command(config_path: Path, devices: int, max_restarts: int = 0) -> list[str]:
-    runner = ["-m", "lightning_scale.testing._runner", str(config_path)]
-    if devices == 1:
-        return [sys.executable, *runner]
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}"]
-    return [sys.executable, *launcher, f"--max-restarts={max_restarts}", *runner]
-
-
-def _attempt(config_path: Path, timeout_s: float, expect: Literal["finish", "marker", "failure"]) -> int:
-    """Run the job once; ``marker``: SIGKILL it when the runner says so; ``failure``: it must exit non-zero."""
-    config = json.loads(config_path.read_text())
-    out_dir = Path(config["out_dir"])
-    marker = Path(config["marker"])
-    marker.unlink(missing_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(config["sys_path"])}
-    env.update(config.get("launch_env", {}))
-    command = _command(config_path, config["devices"], config.get("max_restarts", 0))
-    with open(out_dir / "log.txt", "a") as log:
-        log.write(f"\n===== attempt: {' '.join(command)}\n")
-        log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while process.poll() is None:
-                if expect == "marker" and marker.exists():
-                    kill_process_tree(process.pid)
-                    return process.wait()
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"attempt timed out after {timeout_s:.0f} s{_tail(out_dir)}")
-                time.sleep(0.05)
-        finally:
-            if process.poll() is None:
-                kill_process_tree(process.pid)
-                process.wait()
-    if expect == "failure":
-        if process.returncode == 0:
-            raise AssertionError(f"the job exited 0 although it should have stopped early{_tail(out_dir)}")
-        return process.returncode
-    if process.returncode != 0:
-        raise AssertionError(f"attempt exited with code {process.returncode}{_tail(out_dir)}")
-    if expect == "marker":
-        raise AssertionError(f"the run finished without reaching its interruption point{_tail(out_dir)}")
-    return 0
-
-
-def _tail(out_dir: Path, lines: int = 40) -> str:
-    text = (out_dir / "log.txt").read_text(errors="replace").splitlines()
-    dumps = [i for i, line in enumerate(text) if line.startswith("STACK DUMP:")]  # see _runner._StackDumpIfStuck
-    stacks = "\n".join(text[dumps[0] : dumps[0] + 300]) + "\n...\n" if dumps else ""
-    return "; log tail:\n" + stacks + "\n".join(text[-lines:])
-
-
-def _traces(out_dir: Path, devices: int) -> dict[int, list[dict[str, Any]]]:
-    traces = {}
-    for rank in range(devices):
-        path = out_dir / f"trace_rank{rank}.jsonl"
-        traces[rank] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return traces
+    faults = tuple(Fault(f["step"], f["rank"], f["signal"], whole_job=f.get("job", False)) for f in config["faults"])
+    typed = {"faults": faults, "spot_preemption": CloudNotices(**config["spot_preemption"])}
+    return write_job(out_dir, JobConfig(**{**config, **typed, "sys_path": tuple(config["sys_path"])}))

@@ -2,7 +2,7 @@
 
 Cells run one after the other; a cell whose ``finished`` file exists is skipped, so the next launch of the same
 command resumes the cell that the previous launch was interrupted in, then starts the next one. Each cell is one
-``lightning_scale.testing._runner`` job (the attempt ``assert_exact_resume`` runs), with ``USER_CELL`` set for
+``lightning_scale.testing.runner`` job (the attempt ``assert_exact_resume`` runs), with ``USER_CELL`` set for
 ``tests.data.user_code``.
 """
 
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from lightning_scale import distributed
-from lightning_scale.testing import _runner
+from lightning_scale.testing import runner
 
 
 def main(path: str) -> None:
@@ -23,7 +23,7 @@ def main(path: str) -> None:
         if finished.exists():  # decided alike on every rank: nothing writes it while the cells before it run
             continue
         os.environ["USER_CELL"] = json.dumps(cell["cell"])
-        _runner.main(cell["config"])
+        runner.main(cell["config"])
         distributed.barrier()
         if distributed.rank() == 0:
             finished.write_text("")

@@ -3,36 +3,31 @@ step at 8 USD per hour is exactly 1 USD per step; a restart gap of 900 s is exac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from lightning_scale.testing.exact_resume import _attempt, _job, _traces
+from lightning_scale.testing import CloudNotices, CostModel, Fault, JobConfig, read_traces, run_attempt, write_job
 from tests.wandb_records import history_values, read_records
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[2]
-COST = {"price_per_hour": 8.0, "seconds_per_step": 450.0, "restart_gap_seconds": 900.0}
+COST = CostModel(price_per_hour=8.0, seconds_per_step=450.0, restart_gap_seconds=900.0)
 
 
-def config(steps: int, **extra) -> dict:
-    return {
-        "model_factory": "tests.factories:model",
-        "datamodule_factory": "tests.factories:data_workers0",
-        "steps": steps,
-        "devices": 2,
-        "seed": 0,
-        "checkpoint": "resumable",
-        "checkpoint_every": 4,
-        "trainer_kwargs": {"limit_val_batches": 0},
-        "trace_params": False,
-        "sys_path": [str(ROOT)],
-        "interrupt_at": None,
-        "cost": COST,
-        **extra,
-    }
+def config(steps: int, **changes) -> JobConfig:
+    base = JobConfig(
+        model_factory="tests.factories:model",
+        datamodule_factory="tests.factories:data_workers0",
+        steps=steps,
+        checkpoint_every=4,
+        trainer_kwargs={"limit_val_batches": 0},
+        trace_params=False,
+        cost=COST,
+    )
+    return dataclasses.replace(base, **changes)
 
 
 def final_cost(job: Path) -> dict[str, float]:
@@ -40,9 +35,9 @@ def final_cost(job: Path) -> dict[str, float]:
 
 
 def test_cost_totals_continue_across_a_sigkill_and_resume(tmp_path):
-    job = _job(tmp_path / "job", config(12, interrupt_at=8))
-    _attempt(job, 300, expect="marker")  # killed with SIGKILL right after the step-8 checkpoint
-    _attempt(job, 300, expect="finish")  # the same command resumes from it
+    job = write_job(tmp_path / "job", config(12, interrupt_at=8))
+    run_attempt(job, 300, expect="marker")  # killed with SIGKILL right after the step-8 checkpoint
+    run_attempt(job, 300, expect="finish")  # the same command resumes from it
     cost = final_cost(job)
     # 12 steps of 450 s, plus the 900 s between the step-8 checkpoint and the resumed start; 1 node at 8 USD/h
     assert cost["cost/usd_total"] == 8.0 * (12 * 450.0 + 900.0) / 3600.0 == 14.0
@@ -59,17 +54,18 @@ def wandb_runs(wandb_dir: Path) -> list[Path]:
 def test_wandb_continues_one_run_across_a_preemption_restart_with_cost_summary_config_and_table(tmp_path):
     wandb_dir = tmp_path / "wandb"
     wandb_dir.mkdir()
-    extra = {
-        "spot_preemption": {},
-        "faults": [{"restart": 0, "step": 5, "rank": 1, "signal": "SIGTERM"}],
-        "max_restarts": 1,
-        "wandb_dir": str(wandb_dir),
-        "monitor": "val_loss",
-        "strategy": "data_parallel",  # restart-safe process group under torchrun --max-restarts
-        "trainer_kwargs": {"limit_val_batches": 2, "val_check_interval": 4},
-    }
-    job = _job(tmp_path / "job", config(12, **extra))
-    _attempt(job, 400, expect="finish")  # torchrun restarts the preempted job once; it resumes and finishes
+    job_config = config(
+        12,
+        spot_preemption=CloudNotices(),
+        faults=(Fault(step=5, rank=1, kind="SIGTERM"),),
+        max_restarts=1,
+        wandb_dir=str(wandb_dir),
+        monitor="val_loss",
+        strategy="data_parallel",  # restart-safe process group under torchrun --max-restarts
+        trainer_kwargs={"limit_val_batches": 2, "val_check_interval": 4},
+    )
+    job = write_job(tmp_path / "job", job_config)
+    run_attempt(job, 400, expect="finish")  # torchrun restarts the preempted job once; it resumes and finishes
     log = (tmp_path / "job" / "log.txt").read_text()
     assert "Preempted at step 6" in log and "Continuing W&B run" in log
 
@@ -110,10 +106,10 @@ def test_wandb_continues_one_run_across_a_preemption_restart_with_cost_summary_c
 
 def test_budget_stops_both_ranks_at_the_same_step_and_logs_the_reason(tmp_path):
     # rank 1's clock runs 1.25 times as fast: it reaches 5 USD after step 4, rank 0 only after step 5
-    cost = {**COST, "rank_stretch": 0.25}
-    job = _job(tmp_path / "job", config(20, cost=cost, budget={"max_cost_usd": 5.0}))
-    _attempt(job, 300, expect="finish")
-    traces = _traces(tmp_path / "job", 2)
+    cost = dataclasses.replace(COST, rank_stretch=0.25)
+    job = write_job(tmp_path / "job", config(20, cost=cost, budget={"max_cost_usd": 5.0}))
+    run_attempt(job, 300, expect="finish")
+    traces = read_traces(tmp_path / "job", 2)
     assert [len(traces[rank]) for rank in (0, 1)] == [4, 4]  # both ranks stop after the step rank 1 saw it at
     log = (tmp_path / "job" / "log.txt").read_text()
     assert "Budget reached (max_cost_usd) on rank 1: $5.0000 >= $5.0 after step 4. Stopping." in log

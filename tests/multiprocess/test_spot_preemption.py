@@ -4,12 +4,11 @@ checkpoints, exits 143 with no process left, and the same command resumes at tha
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.server
 import json
-import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,8 +17,19 @@ import pytest
 import torch
 
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
-from lightning_scale.testing.exact_resume import _attempt, _job, _traces
-from lightning_scale.testing.processes import kill_process_tree, processes_mentioning
+from lightning_scale.testing import (
+    CloudNotices,
+    Fault,
+    JobConfig,
+    kill_process_tree,
+    launch_command,
+    launch_environment,
+    processes_mentioning,
+    read_traces,
+    run_attempt,
+    write_job,
+)
+from lightning_scale.testing.launch import RUNNER
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
@@ -27,21 +37,17 @@ BATCHES_PER_EPOCH = 22
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def base_config(steps: int) -> dict:
-    return {
-        "model_factory": "tests.factories:model",
-        "datamodule_factory": "tests.factories:data_workers2",
-        "steps": steps,
-        "devices": 2,
-        "seed": 0,
-        "checkpoint": "resumable",
-        "checkpoint_every": 10,
-        "trainer_kwargs": {"limit_val_batches": 0},
-        "trace_params": False,
-        "sys_path": [str(Path(__file__).resolve().parents[2])],
-        "interrupt_at": None,
-        "spot_preemption": {},
-    }
+def base_config(steps: int, **changes) -> JobConfig:
+    config = JobConfig(
+        model_factory="tests.factories:model",
+        datamodule_factory="tests.factories:data_workers2",
+        steps=steps,
+        checkpoint_every=10,
+        trainer_kwargs={"limit_val_batches": 0},
+        trace_params=False,
+        spot_preemption=CloudNotices(),
+    )
+    return dataclasses.replace(config, **changes)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +55,11 @@ def reference_run(tmp_path_factory):
     """``run(config)``: the output directory of an uninterrupted run of ``config``, run once per module."""
     runs: dict[str, Path] = {}
 
-    def run(config: dict) -> Path:
-        key = json.dumps(config, sort_keys=True)
+    def run(config: JobConfig) -> Path:
+        key = config.to_json()
         if key not in runs:
             out = tmp_path_factory.mktemp("reference")
-            _attempt(_job(out, config), 300, expect="finish")
+            run_attempt(write_job(out, config), 300, expect="finish")
             runs[key] = out
         return runs[key]
 
@@ -76,10 +82,14 @@ def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(
 ):
     steps = BATCHES_PER_EPOCH + 12
     reference = reference_run(base_config(steps))
-    config = {**base_config(steps), "checkpoint_every": 2 if async_save else 10}
-    config["checkpoint_kwargs"] = {"async_save": async_save}
-    job = _job(tmp_path / "job", {**config, "faults": [{"step": step, "rank": rank, "signal": "SIGTERM"}]})
-    _attempt(job, 300, expect="failure")
+    config = base_config(
+        steps,
+        checkpoint_every=2 if async_save else 10,
+        checkpoint_kwargs={"async_save": async_save},
+        faults=(Fault(step=step, rank=rank, kind="SIGTERM"),),
+    )
+    job = write_job(tmp_path / "job", config)
+    run_attempt(job, 300, expect="failure")
     log = (tmp_path / "job" / "log.txt").read_text()
     assert "exitcode  : 143" in log and "Preempted at step" in log
     assert "Auto-resuming" not in log  # the first attempt started fresh; the checks below see where the re-run starts
@@ -87,11 +97,11 @@ def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == step + 1  # the step all ranks agreed on
 
-    _attempt(job, 300, expect="finish")  # the same command again
+    run_attempt(job, 300, expect="finish")  # the same command again
     log = (tmp_path / "job" / "log.txt").read_text()
     assert f"Resumed after a preemption: SIGTERM notice, checkpointed at step {step + 1}" in log
-    traces = _traces(tmp_path / "job", 2)
-    reference_traces = _traces(reference, 2)
+    traces = read_traces(tmp_path / "job", 2)
+    reference_traces = read_traces(reference, 2)
     for r in (0, 1):
         assert [rec["step"] for rec in traces[r]] == list(range(1, steps + 1))  # restarted at step + 2, none lost
         assert [rec["batch"] for rec in traces[r]] == [rec["batch"] for rec in reference_traces[r]]
@@ -144,11 +154,11 @@ def test_a_cloud_notice_from_a_loopback_metadata_server_stops_the_job_and_it_res
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Metadata.noticed = None
     try:
-        config = {**base_config(steps), "checkpoint_every": 50, "datamodule_factory": "tests.factories:data_workers0"}
+        config = base_config(steps, checkpoint_every=50, datamodule_factory="tests.factories:data_workers0")
         reference = reference_run(config)
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        urls = {f"{each}_base_url": url for each in ("aws", "gcp", "azure")}
-        job = _job(tmp_path / "job", {**config, "spot_preemption": urls})
+        urls = CloudNotices(aws_base_url=url, gcp_base_url=url, azure_base_url=url)
+        job = write_job(tmp_path / "job", dataclasses.replace(config, spot_preemption=urls))
 
         def notice_when_training() -> None:
             trace = tmp_path / "job" / "trace_rank0.jsonl"
@@ -157,16 +167,16 @@ def test_a_cloud_notice_from_a_loopback_metadata_server_stops_the_job_and_it_res
             Metadata.noticed = provider
 
         threading.Thread(target=notice_when_training, daemon=True).start()
-        _attempt(job, 300, expect="failure")
+        run_attempt(job, 300, expect="failure")
         log = (tmp_path / "job" / "log.txt").read_text()
         assert f"Preemption notice from {provider}" in log and "exitcode  : 143" in log
         manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
-        stopped_at = len(_traces(tmp_path / "job", 2)[0])
+        stopped_at = len(read_traces(tmp_path / "job", 2)[0])
         assert manifest is not None and manifest.global_step == stopped_at < steps
 
         Metadata.noticed = None  # the replacement machine has no notice pending
-        _attempt(job, 300, expect="finish")
-        traces, reference_traces = _traces(tmp_path / "job", 2), _traces(reference, 2)
+        run_attempt(job, 300, expect="finish")
+        traces, reference_traces = read_traces(tmp_path / "job", 2), read_traces(reference, 2)
         assert [r["step"] for r in traces[0]] == list(range(1, steps + 1))
         assert [r["batch"] for r in traces[1]] == [r["batch"] for r in reference_traces[1]]
         assert_same_final_weights(tmp_path / "job", reference)
@@ -175,10 +185,11 @@ def test_a_cloud_notice_from_a_loopback_metadata_server_stops_the_job_and_it_res
 
 
 def test_sigkill_of_one_rank_ends_the_job_quickly_without_a_hang(tmp_path):
-    config = {**base_config(40), "datamodule_factory": "tests.factories:data_workers0"}
-    job = _job(tmp_path / "job", {**config, "faults": [{"step": 8, "rank": 1, "signal": "SIGKILL"}]})
+    faults = (Fault(step=8, rank=1, kind="SIGKILL"),)
+    config = base_config(40, datamodule_factory="tests.factories:data_workers0", faults=faults)
+    job = write_job(tmp_path / "job", config)
     started = time.monotonic()
-    _attempt(job, 120, expect="failure")
+    run_attempt(job, 120, expect="failure")
     assert time.monotonic() - started < 60  # gloo sees the dead peer at once; torchrun ends the job
     assert processes_mentioning(tmp_path / "job") == []
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
@@ -190,23 +201,16 @@ def test_two_torchrun_agents_restart_a_preempted_multi_node_job_exactly(tmp_path
     restart their worker, the job resumes at the agreed step and ends bitwise equal to an uninterrupted run."""
     steps = BATCHES_PER_EPOCH + 12
     reference = reference_run(base_config(steps))
-    config = {
-        **base_config(steps),
-        "devices": 1,
-        "num_nodes": 2,
-        "distributed": True,
-        "faults": [{"restart": 0, "step": 10, "rank": 1, "signal": "SIGTERM"}],
-    }
-    job = _job(tmp_path / "job", config)
+    faults = (Fault(step=10, rank=1, kind="SIGTERM"),)
+    config = base_config(steps, devices=1, num_nodes=2, distributed=True, faults=faults)
+    job = write_job(tmp_path / "job", config)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-agents", "--max-restarts=2",
-        "-m", "lightning_scale.testing._runner", str(job),
-    ]  # fmt: skip
+    env = launch_environment([ROOT], TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    command = launch_command(
+        ["-m", RUNNER, str(job)], 1, max_restarts=2, nodes=2, rendezvous_endpoint=f"127.0.0.1:{port}"
+    )
     with contextlib.ExitStack() as stack:
         logs = [stack.enter_context(open(tmp_path / f"agent{i}.log", "w")) for i in range(2)]
         agents = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env) for log in logs]
@@ -220,48 +224,50 @@ def test_two_torchrun_agents_restart_a_preempted_multi_node_job_exactly(tmp_path
     assert codes == [0, 0], output[-3000:]
     assert "Preempted at step 11" in output and "Auto-resuming from" in output
     for rank in (0, 1):
-        last_record = {r["step"]: r for r in _traces(tmp_path / "job", 2)[rank]}
-        reference_records = _traces(reference, 2)[rank]
+        last_record = {r["step"]: r for r in read_traces(tmp_path / "job", 2)[rank]}
+        reference_records = read_traces(reference, 2)[rank]
         assert [last_record[r["step"]]["batch"] for r in reference_records] == [r["batch"] for r in reference_records]
     assert_same_final_weights(tmp_path / "job", reference)
 
 
 def test_a_notice_during_validation_stops_there_and_the_job_resumes_exactly(tmp_path):
     steps = 30
-    config = {
-        **base_config(steps),
-        "datamodule_factory": "tests.factories:data_workers0",
-        "checkpoint_every": 7,  # so that the checkpoint written during validation at step 10 is a new one
-        "trainer_kwargs": {"val_check_interval": 10, "limit_val_batches": 4},
-    }
-    reference = _job(tmp_path / "reference", config)
-    _attempt(reference, 300, expect="finish")
-    faults = [{"step": 10, "rank": 1, "signal": "SIGTERM", "val_batch": 1}]
-    job = _job(tmp_path / "job", {**config, "faults": faults})
-    _attempt(job, 300, expect="failure")
+    config = base_config(
+        steps,
+        datamodule_factory="tests.factories:data_workers0",
+        checkpoint_every=7,  # so that the checkpoint written during validation at step 10 is a new one
+        trainer_kwargs={"val_check_interval": 10, "limit_val_batches": 4},
+    )
+    reference = write_job(tmp_path / "reference", config)
+    run_attempt(reference, 300, expect="finish")
+    faults = (Fault(step=10, rank=1, kind="SIGTERM", val_batch=1),)
+    job = write_job(tmp_path / "job", dataclasses.replace(config, faults=faults))
+    run_attempt(job, 300, expect="failure")
     log = (tmp_path / "job" / "log.txt").read_text()
     assert "exitcode  : 143" in log
-    assert [r["step"] for r in _traces(tmp_path / "job", 2)[0]] == list(range(1, 11))  # no training step after it
+    assert [r["step"] for r in read_traces(tmp_path / "job", 2)[0]] == list(range(1, 11))  # no training step after it
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == 10
-    _attempt(job, 300, expect="finish")
+    run_attempt(job, 300, expect="finish")
     assert_same_final_weights(tmp_path / "job", tmp_path / "reference")
 
 
 def test_data_parallel_strategy_restarts_without_torch_disable_share_rdzv_tcp_store(tmp_path):
     """The same mixed faults, launched as users type it (no environment variable), with strategy data_parallel."""
     steps = 60
-    config = {**base_config(steps), "datamodule_factory": "tests.factories:data_workers0"}
-    reference = _job(tmp_path / "reference", config)
-    _attempt(reference, 300, expect="finish")
-    faults = [
-        {"restart": 0, "step": 12, "rank": 1, "signal": "SIGTERM"},
-        {"restart": 1, "step": 25, "rank": 0, "signal": "SIGKILL"},
-        {"restart": 2, "step": 44, "rank": 0, "signal": "SIGTERM"},
-    ]
+    config = base_config(steps, datamodule_factory="tests.factories:data_workers0")
+    reference = write_job(tmp_path / "reference", config)
+    run_attempt(reference, 300, expect="finish")
+    faults = (  # one per attempt: torchrun restarts the job after each
+        Fault(step=12, rank=1, kind="SIGTERM"),
+        Fault(step=25, rank=0, kind="SIGKILL"),
+        Fault(step=44, rank=0, kind="SIGTERM"),
+    )
     launch_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
-    job_config = {**config, "faults": faults, "max_restarts": 3, "launch_env": launch_env, "strategy": "data_parallel"}
-    job = _job(tmp_path / "job", job_config)
-    _attempt(job, 400, expect="finish")
+    job_config = dataclasses.replace(
+        config, faults=faults, max_restarts=3, launch_env=launch_env, strategy="data_parallel"
+    )
+    job = write_job(tmp_path / "job", job_config)
+    run_attempt(job, 400, expect="finish")
     assert (tmp_path / "job" / "log.txt").read_text().count("Auto-resuming from") == 3
     assert_same_final_weights(tmp_path / "job", tmp_path / "reference")

@@ -16,17 +16,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import pytest
-import torch
 
-from lightning_scale.testing.exact_resume import ResumeReport, _job, _traces
-from lightning_scale.testing.processes import kill_process_tree, processes_mentioning
+from lightning_scale.testing import (
+    CloudNotices,
+    Fault,
+    JobConfig,
+    ResumeReport,
+    kill_process_tree,
+    launch_command,
+    launch_environment,
+    processes_mentioning,
+    write_job,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
@@ -41,7 +48,7 @@ class Cell:
     interruption: str  # kill: SIGKILL after a periodic checkpoint | spot: SpotPreemption notice (SIGTERM to rank 1)
     position: str  # epoch0 | later (epoch 1) | last (an epoch's last batch)
     workers: int
-    strategy: str  # ddp | data_parallel
+    strategy: Literal["ddp", "data_parallel"]
     val: bool = False
     collate: bool = False
     worker_init: bool = False
@@ -78,37 +85,30 @@ def test_the_design_is_pairwise_over_the_four_dimensions_and_covers_every_value(
     assert all(any(getattr(c, extra) for c in CELLS) for extra in ("val", "collate", "worker_init"))
 
 
-def cell_config(cell: Cell, interrupted: bool) -> dict:
+def cell_config(cell: Cell, interrupted: bool) -> JobConfig:
     (every, killed_at), notice_at = POSITIONS[cell.position]
     val = {"limit_val_batches": 2, "val_check_interval": 8} if cell.val else {"limit_val_batches": 0}
-    config = {
-        "model_factory": "tests.data.user_code:model",
-        "datamodule_factory": "tests.data.user_code:data",
-        "steps": STEPS,
-        "devices": 2,
-        "seed": 7,
-        "checkpoint": "resumable",
-        "checkpoint_kwargs": {},
-        "checkpoint_every": every if cell.interruption == "kill" else 100,
-        "trainer_kwargs": val,
-        "strategy": cell.strategy,
-        "strategy_kwargs": {},
-        "trace_params": False,
-        "sys_path": [str(ROOT)],
-        "interrupt_at": killed_at if interrupted and cell.interruption == "kill" else None,
-    }
-    if cell.interruption == "spot":
-        config["spot_preemption"] = {}
-        if interrupted:
-            config["faults"] = [{"step": notice_at, "rank": 1, "signal": "SIGTERM"}]
-    return config
+    spot = cell.interruption == "spot"
+    return JobConfig(
+        model_factory="tests.data.user_code:model",
+        datamodule_factory="tests.data.user_code:data",
+        steps=STEPS,
+        checkpoint_every=100 if spot else every,
+        seed=7,
+        trainer_kwargs=val,
+        strategy=cell.strategy,
+        trace_params=False,
+        interrupt_at=killed_at if interrupted and not spot else None,
+        spot_preemption=CloudNotices() if spot else None,
+        faults=(Fault(step=notice_at, rank=1, kind="SIGTERM"),) if spot and interrupted else (),
+    )
 
 
 def write_cells(root: Path, interrupted: bool) -> Path:
     entries = []
     for cell in CELLS:
         out = root / cell.name
-        path = _job(out, cell_config(cell, interrupted))
+        path = write_job(out, cell_config(cell, interrupted))
         entries.append({"config": str(path), "out_dir": str(out), "cell": dataclasses.asdict(cell)})
     listing = root / "cells.json"
     listing.write_text(json.dumps(entries, indent=1))
@@ -117,9 +117,8 @@ def write_cells(root: Path, interrupted: bool) -> Path:
 
 def launch(listing: Path, markers: list[Path], log: Path, timeout_s: float = 400) -> int | str:
     """One torchrun launch of the matrix job: its exit code, or ``"killed"`` when a cell's checkpoint was marked."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    command += ["-m", "tests.data.matrix_job", str(listing)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
+    command = launch_command(["-m", "tests.data.matrix_job", str(listing)], 2)
+    env = launch_environment([ROOT], PYTHONFAULTHANDLER="1")
     with open(log, "a") as handle:
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
@@ -171,13 +170,7 @@ def matrix(tmp_path_factory) -> dict[str, ResumeReport]:
     reports = {}
     for cell in CELLS:
         ref, res = root / "reference" / cell.name, root / "interrupted" / cell.name
-        reports[cell.name] = ResumeReport(
-            reference=_traces(ref, 2),
-            resumed=_traces(res, 2),
-            reference_weights=torch.load(ref / "final_rank0.pt", weights_only=True),
-            resumed_weights=torch.load(res / "final_rank0.pt", weights_only=True),
-            workdir=res,
-        )
+        reports[cell.name] = ResumeReport.of_jobs(ref, res, devices=2)
     return reports
 
 

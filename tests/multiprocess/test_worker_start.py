@@ -4,13 +4,13 @@ and workers that never start become a report with their stacks and a non-zero ex
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from lightning_scale.testing import launch_command, launch_environment
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
@@ -20,9 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_job(out: Path, config: dict, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({"out": str(out), **config}))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    command += ["-m", "tests.data.worker_start_job", str(out / "config.json")]
-    job_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    command = launch_command(["-m", "tests.data.worker_start_job", str(out / "config.json")], 2)
+    job_env = launch_environment([ROOT], **(env or {}))
     return subprocess.run(command, env=job_env, capture_output=True, text=True, timeout=240)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -11,8 +13,7 @@ from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore, consolidate_checkpoint
 from lightning_scale.checkpoint.manifest import read_manifest
 from lightning_scale.strategies import ModelParallelStrategy
-from lightning_scale.testing import assert_exact_resume
-from lightning_scale.testing.exact_resume import _attempt, _job
+from lightning_scale.testing import Fault, assert_exact_resume, run_attempt, write_job
 from tests import factories
 from tests.multiprocess.test_spot_preemption import base_config
 from tests.parallel.conftest import FSDP
@@ -122,18 +123,18 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_world_is_refused_before
 def test_a_spot_notice_on_one_rank_saves_exits_and_torchrun_restarts_it_to_the_same_end(tmp_path):
     """SIGTERM on rank 1 -> SpotPreemption saves at the next step on both ranks, exits 143, torchrun restarts the
     workers (a fresh process group per attempt), ResumableCheckpoint resumes: rank 0's shards end bitwise equal."""
-    config = {
-        **base_config(12),  # the spot-preemption tests' job, under model_parallel
-        "datamodule_factory": "tests.factories:data_workers0",
-        "checkpoint_every": 100,
-        "strategy": "model_parallel",
-        "strategy_kwargs": {"min_params_to_shard": 1000, "save_distributed_checkpoint": False},
-    }
-    reference = _job(tmp_path / "reference", config)
-    _attempt(reference, 300, expect="finish")
-    faults = [{"restart": 0, "step": 5, "rank": 1, "signal": "SIGTERM"}]
-    job = _job(tmp_path / "job", {**config, "faults": faults, "max_restarts": 1})
-    _attempt(job, 300, expect="finish")
+    config = base_config(  # the spot-preemption tests' job, under model_parallel
+        12,
+        datamodule_factory="tests.factories:data_workers0",
+        checkpoint_every=100,
+        strategy="model_parallel",
+        strategy_kwargs={"min_params_to_shard": 1000, "save_distributed_checkpoint": False},
+    )
+    reference = write_job(tmp_path / "reference", config)
+    run_attempt(reference, 300, expect="finish")
+    faults = (Fault(step=5, rank=1, kind="SIGTERM"),)
+    job = write_job(tmp_path / "job", dataclasses.replace(config, faults=faults, max_restarts=1))
+    run_attempt(job, 300, expect="finish")
     log = (tmp_path / "job" / "log.txt").read_text()
     assert "Preempted at step 6 (SIGTERM)" in log and "failed (exitcode: 143)" in log
     assert log.count("Auto-resuming from") == 1

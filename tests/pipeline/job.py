@@ -7,8 +7,6 @@ or several such configs under "runs": tests/jobs.py)
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -20,30 +18,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.strategies import PipelineParallelStrategy
+from lightning_scale.testing import Fault, FaultInjector
 from tests.jobs import job_configs
 from tests.pipeline.stack_model import ListModel, StackModel, TokenModel, loader
-
-
-class CrashOnce(Callback):
-    """Fails a fresh (not resumed) fit at the start of step ``step``, as a lost machine would."""
-
-    def __init__(self, step: int) -> None:
-        self.step, self.resumed = step, False
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.resumed = trainer.global_step > 0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if not self.resumed and trainer.global_step == self.step:
-            raise RuntimeError("machine lost")
-
-
-class SigtermOnce(CrashOnce):
-    """Sends SIGTERM to this rank (rank 1) at the start of step ``step`` of a fresh fit, as a spot notice would."""
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if not self.resumed and trainer.global_step == self.step and trainer.global_rank == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class Losses(Callback):
@@ -64,10 +41,14 @@ def run(config: dict) -> None:
         callbacks.append(
             ResumableCheckpoint(str(out.parent / "checkpoints"), every_n_train_steps=config["checkpoint_every"])
         )
-    if "crash_at" in config:
-        callbacks.append(CrashOnce(config["crash_at"]))
-    if "sigterm_at" in config:
-        callbacks += [SpotPreemption(), SigtermOnce(config["sigterm_at"])]
+    faults = []
+    if "crash_at" in config:  # every rank, as a lost machine would
+        faults.append(Fault(step=config["crash_at"], kind="crash"))
+    if "sigterm_at" in config:  # rank 1, as a spot notice would
+        callbacks.append(SpotPreemption())
+        faults.append(Fault(step=config["sigterm_at"], rank=1, kind="SIGTERM"))
+    if faults:
+        callbacks.append(FaultInjector(faults, record_dir=out))
     pipeline = config.get("pipeline")
     trainer = pl.Trainer(
         accelerator="cpu",

@@ -1,4 +1,5 @@
-"""One training attempt for :func:`lightning_scale.testing.assert_exact_resume`, run as ``python -m`` (torchrun).
+"""One training attempt of a :class:`~lightning_scale.testing.JobConfig` (``assert_exact_resume``'s, and the test
+jobs'), run as ``python -m lightning_scale.testing.runner CONFIG.json`` (under torchrun).
 
 It trains the user's factories on CPU, records what every rank did at every step (batch digest, sample ids, loss,
 parameter digests) and the final weights, and — on the first attempt only — blocks right after the checkpoint at
@@ -14,7 +15,6 @@ import json
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -39,9 +39,16 @@ from lightning_scale.callbacks import (
     SpotPreemption,
 )
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
-from lightning_scale.preemption import AWSSpotNotice, AzureScheduledEvents, GCPPreemptionNotice, SignalNotice
+from lightning_scale.preemption import (
+    AWSSpotNotice,
+    AzureScheduledEvents,
+    GCPPreemptionNotice,
+    NoticeSource,
+    SignalNotice,
+)
 from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy
-from lightning_scale.testing.processes import descendants
+from lightning_scale.testing.faults import FaultInjector
+from lightning_scale.testing.job import CHECKPOINTS, MARKER, CloudNotices, JobConfig, read_job
 from lightning_scale.testing.step_clock import StepClock
 
 
@@ -153,57 +160,58 @@ class _BlockAfterCheckpoint(Callback):
         return manifest is not None and manifest.global_step >= self.step
 
 
-class _Faults(Callback):
-    """Send signals to this process at given steps: ``{"restart", "step", "rank", "signal", "val_batch", "job"}``.
-
-    ``restart`` is torchrun's restart count of the attempt the fault belongs to (0 = the first attempt);
-    ``val_batch``, when given, sends it at that batch of the validation that runs after ``step``; with ``"job":
-    true`` another process sends it to this rank and every process below it (its DataLoader workers), as SLURM
-    signals every process of a job step.
-    """
-
-    def __init__(self, faults: list[dict[str, Any]]) -> None:
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        self.faults = [f for f in faults if f.get("restart", 0) == restart]
-
-    @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
-        self._maybe_signal(trainer, None)
-
-    @override
-    def on_validation_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx, *_
-    ) -> None:
-        if not trainer.sanity_checking:
-            self._maybe_signal(trainer, batch_idx)
-
-    def _maybe_signal(self, trainer: pl.Trainer, val_batch: int | None) -> None:
-        for fault in self.faults:
-            if (
-                trainer.global_step == fault["step"]
-                and trainer.global_rank == fault["rank"]
-                and fault.get("val_batch") == val_batch
-            ):
-                if not fault.get("job"):
-                    os.kill(os.getpid(), signal.Signals[fault["signal"]])
-                    continue
-                targets = [os.getpid(), *descendants(os.getpid())]
-                kill = f"import os; [os.kill(pid, {int(signal.Signals[fault['signal']])}) for pid in {targets!r}]"
-                subprocess.run([sys.executable, "-c", kill], check=True)
-
-
-def _cost_callbacks(config: dict[str, Any]) -> list[Callback]:
-    """``cost``: ``{"price_per_hour", "seconds_per_step", "restart_gap_seconds", "rank_stretch"}`` (rank r's
-    steps take ``1 + r * rank_stretch`` times as long); ``budget``:
-    BudgetedEarlyStopping arguments."""
-    if config.get("cost") is None:
+def _cost_callbacks(config: JobConfig) -> list[Callback]:
+    if config.cost is None:
         return []
-    cost = config["cost"]
-    stretch = 1.0 + int(os.environ.get("RANK", "0")) * cost.get("rank_stretch", 0.0)  # ranks' clocks disagree
-    clock = StepClock(cost["seconds_per_step"] * stretch, cost["restart_gap_seconds"])
-    callbacks: list[Callback] = [clock, CostTracker(price_per_hour=cost["price_per_hour"], clock=clock.now)]
-    if config.get("budget"):
-        callbacks.append(BudgetedEarlyStopping(**config["budget"]))
+    stretch = 1.0 + int(os.environ.get("RANK", "0")) * config.cost.rank_stretch  # ranks' clocks disagree
+    clock = StepClock(config.cost.seconds_per_step * stretch, config.cost.restart_gap_seconds)
+    callbacks: list[Callback] = [clock, CostTracker(price_per_hour=config.cost.price_per_hour, clock=clock.now)]
+    if config.budget:
+        callbacks.append(BudgetedEarlyStopping(**config.budget))
+    return callbacks
+
+
+def _spot_preemption(notices: CloudNotices) -> SpotPreemption:
+    sources: list[NoticeSource] = [SignalNotice(signals=("SIGTERM",), grace_seconds=notices.grace_seconds)]
+    for url, cls in (
+        (notices.aws_base_url, AWSSpotNotice),
+        (notices.gcp_base_url, GCPPreemptionNotice),
+        (notices.azure_base_url, AzureScheduledEvents),
+    ):
+        if url:
+            sources.append(cls(base_url=url, poll_interval=0.05))
+    return SpotPreemption(sources=sources)
+
+
+def _checkpoint(config: JobConfig, ckpt_dir: Path) -> ModelCheckpoint:
+    every = config.checkpoint_every
+    if config.checkpoint == "stock":
+        return ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every, save_top_k=-1, save_last=True)
+    return ResumableCheckpoint(
+        dirpath=str(ckpt_dir), every_n_train_steps=every, keep_last_k=None, **config.checkpoint_kwargs
+    )
+
+
+def _callbacks(config: JobConfig, out_dir: Path) -> list[Callback]:
+    """Every callback of the job, in order: the clock first, the tracer before the checkpoint."""
+    ckpt_dir = out_dir / CHECKPOINTS
+    callbacks: list[Callback] = [
+        *_cost_callbacks(config),
+        _Tracer(out_dir, config.trace_params),
+        _StackDumpIfStuck(config.stuck_after_s),
+        _checkpoint(config, ckpt_dir),
+    ]
+    if config.monitor:
+        callbacks.append(ModelCheckpoint(dirpath=out_dir / "best", monitor=config.monitor, save_top_k=1))
+    if config.interrupt_at is not None:
+        stock = config.checkpoint == "stock"
+        callbacks.append(_BlockAfterCheckpoint(config.interrupt_at, str(ckpt_dir), str(out_dir / MARKER), stock))
+    if config.spot_preemption is not None:
+        callbacks.append(_spot_preemption(config.spot_preemption))
+    if config.divergence_rollback is not None:
+        callbacks.append(DivergenceRollback(**config.divergence_rollback))
+    if config.faults:
+        callbacks.append(FaultInjector(config.faults, record_dir=out_dir))
     return callbacks
 
 
@@ -211,72 +219,43 @@ def _wandb_logger(save_dir: str | None) -> WandbLogger | bool:
     return WandbLogger(save_dir=save_dir, offline=True, project="runner") if save_dir else False
 
 
-def _strategy(name: str, kwargs: dict[str, Any]) -> Strategy:
+def _strategy(config: JobConfig) -> Strategy | str:
     """``ddp``, ``data_parallel`` or ``model_parallel``; a collective that hangs fails with a traceback instead of
     waiting forever."""
+    if not config.uses_strategy:
+        return "auto"
     classes = {"ddp": DDPStrategy, "data_parallel": DataParallelStrategy, "model_parallel": ModelParallelStrategy}
-    return classes[name](timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S), **kwargs)
+    return classes[config.strategy](timeout=timedelta(seconds=knobs.COLLECTIVE_TIMEOUT_S), **config.strategy_kwargs)
 
 
-def main(config_path: str) -> None:
-    config = json.loads(Path(config_path).read_text())
-    sys.path[:0] = [p for p in config["sys_path"] if p not in sys.path]
-    out_dir = Path(config["out_dir"])
-    stock = config["checkpoint"] == "stock"
-    pl.seed_everything(config["seed"], verbose=False)
-    model = _load(config["model_factory"])()
-    datamodule = _load(config["datamodule_factory"])()
+def main(config_path: str | Path) -> None:
+    """Run the job of ``config_path`` (:func:`~lightning_scale.testing.write_job`) in this process, one rank of it.
 
-    every = config["checkpoint_every"]
-    checkpoint: ModelCheckpoint
-    if stock:
-        checkpoint = ModelCheckpoint(
-            dirpath=config["ckpt_dir"], every_n_train_steps=every, save_top_k=-1, save_last=True
-        )
-    else:
-        checkpoint = ResumableCheckpoint(
-            dirpath=config["ckpt_dir"],
-            every_n_train_steps=every,
-            keep_last_k=None,
-            **config.get("checkpoint_kwargs", {}),
-        )
-    tracer, watchdog = _Tracer(out_dir, config["trace_params"]), _StackDumpIfStuck(config.get("stuck_after_s", 60.0))
-    callbacks: list[Callback] = [*_cost_callbacks(config), tracer, watchdog, checkpoint]
-    if config.get("monitor"):
-        callbacks.append(ModelCheckpoint(dirpath=out_dir / "best", monitor=config["monitor"], save_top_k=1))
-    if config["interrupt_at"] is not None:
-        callbacks.append(_BlockAfterCheckpoint(config["interrupt_at"], config["ckpt_dir"], config["marker"], stock))
-    if config.get("spot_preemption") is not None:
-        grace = config["spot_preemption"].get("grace_seconds", 25.0)
-        sources: list = [SignalNotice(signals=("SIGTERM",), grace_seconds=grace)]
-        for kind, cls in (("aws", AWSSpotNotice), ("gcp", GCPPreemptionNotice), ("azure", AzureScheduledEvents)):
-            if url := config["spot_preemption"].get(f"{kind}_base_url"):
-                sources.append(cls(base_url=url, poll_interval=0.05))
-        callbacks.append(SpotPreemption(sources=sources))
-    if config.get("divergence_rollback") is not None:
-        callbacks.append(DivergenceRollback(**config["divergence_rollback"]))
-    if config.get("faults"):
-        callbacks.append(_Faults(config["faults"]))
-
-    devices = config["devices"]
+    Args:
+        config_path: The job file; the job's outputs go to its directory.
+    """
+    config, out_dir = read_job(config_path), Path(config_path).parent
+    sys.path[:0] = [p for p in config.sys_path if p not in sys.path]
+    pl.seed_everything(config.seed, verbose=False)
+    model = _load(config.model_factory)()
+    datamodule = _load(config.datamodule_factory)()
+    callbacks = _callbacks(config, out_dir)
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=devices,
-        num_nodes=config.get("num_nodes", 1),
-        strategy=_strategy(config.get("strategy", "ddp"), config.get("strategy_kwargs", {}))
-        if config.get("distributed", devices > 1)
-        else "auto",
-        max_steps=config["steps"],
+        devices=config.devices,
+        num_nodes=config.num_nodes,
+        strategy=_strategy(config),
+        max_steps=config.steps,
         callbacks=callbacks,
-        logger=_wandb_logger(config.get("wandb_dir")),
+        logger=_wandb_logger(config.wandb_dir),
         enable_progress_bar=False,
         enable_model_summary=False,
-        **config["trainer_kwargs"],
+        **config.trainer_kwargs,
     )
-    trainer.fit(model, datamodule=datamodule, ckpt_path="last" if stock else None)
+    trainer.fit(model, datamodule=datamodule, ckpt_path="last" if config.checkpoint == "stock" else None)
     weights = {name: _local(tensor).detach().cpu() for name, tensor in trainer.lightning_module.state_dict().items()}
     torch.save(weights, out_dir / f"final_rank{trainer.global_rank}.pt")
-    for tracker in (cb for cb in trainer.callbacks if isinstance(cb, CostTracker)):
+    for tracker in (cb for cb in callbacks if isinstance(cb, CostTracker)):
         report = tracker.report(trainer.global_step).metrics()
         (out_dir / f"cost_rank{trainer.global_rank}.json").write_text(json.dumps(report))
     if isinstance(trainer.logger, WandbLogger) and trainer.is_global_zero:
