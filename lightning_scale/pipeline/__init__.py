@@ -1,8 +1,9 @@
 """The pipeline engine (no Lightning): torch's schedules by name, splitting a stack into stages, meta-block
 materialisation, the step runner, the gradient stash, cross-stage clipping and checkpoint state gather/split."""
 
-from lightning_scale.pipeline.batch import inputs_and_target, inputs_of
+from lightning_scale.pipeline.batch import inputs_and_target, inputs_of, loss_fn_of
 from lightning_scale.pipeline.clipping import clip_grad_norm_across_
+from lightning_scale.pipeline.ddp_arguments import refuse_wrapper_arguments
 from lightning_scale.pipeline.gradients import GradientStash
 from lightning_scale.pipeline.grid import PipelineGrid
 from lightning_scale.pipeline.layout import checked_stack
@@ -34,8 +35,10 @@ __all__ = [
     "inputs_and_target",
     "inputs_of",
     "is_meta",
+    "loss_fn_of",
     "materialize_",
     "plan_stages",
+    "refuse_wrapper_arguments",
     "schedule_spec",
     "split_module_",
     "stage_model_state",

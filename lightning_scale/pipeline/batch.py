@@ -1,4 +1,5 @@
-"""Telling a batch's inputs from its target, as the pipeline's first and last stages need them. No Lightning here."""
+"""What the LightningModule gives the pipeline: the loss of one microbatch, and how to tell a batch's inputs from its
+target, as the first and last stages need them. No Lightning here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from torch import Tensor
 
 from lightning_scale.errors import ConfigurationError
 
-__all__ = ["inputs_and_target", "inputs_of"]
+__all__ = ["inputs_and_target", "inputs_of", "loss_fn_of"]
 
 SplitBatch = Callable[[Any], Any]  # the LightningModule's pipeline_split_batch(batch) -> (inputs, target)
 
@@ -42,3 +43,14 @@ def inputs_of(batch: Any, split: SplitBatch | None) -> tuple[Tensor, ...]:
     else:
         inputs = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 else batch
     return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+def loss_fn_of(module: Any) -> Callable[[Tensor, Tensor], Tensor]:
+    """The module's ``pipeline_loss_fn(output, target)``; refused, with what it must be, when it has none."""
+    loss_fn = getattr(module, "pipeline_loss_fn", None)
+    if not callable(loss_fn):
+        raise ConfigurationError(
+            f"{type(module).__name__} needs pipeline_loss_fn(output, target) -> Tensor: the loss of one "
+            "microbatch, computed on the last pipeline stage."
+        )
+    return loss_fn

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Generator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -15,14 +14,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_scale import distributed
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.pipeline.batch import inputs_and_target, inputs_of
+from lightning_scale.pipeline.batch import inputs_and_target, inputs_of, loss_fn_of
 from lightning_scale.pipeline.clipping import clip_grad_norm_across_
+from lightning_scale.pipeline.ddp_arguments import refuse_wrapper_arguments
 from lightning_scale.pipeline.gradients import GradientStash
 from lightning_scale.pipeline.grid import PipelineGrid
 from lightning_scale.pipeline.layout import checked_stack
@@ -39,17 +38,6 @@ from lightning_scale.pipeline.state import (
 __all__ = ["PipelineParallelStrategy"]
 
 
-_PARALLEL_ARGUMENTS = {"accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin",
-                       "timeout", "start_method"}  # fmt: skip
-"""``DDPStrategy`` arguments that apply to a pipeline too; the others configure DDP's wrapper, which it has not."""
-_DDP_DEFAULTS = {
-    name: parameter.default
-    for name, parameter in inspect.signature(DistributedDataParallel.__init__).parameters.items()
-    if parameter.default is not inspect.Parameter.empty
-}
-"""The wrapper's arguments as they are when nobody sets them (the command line passes them all)."""
-
-
 class PipelineParallelStrategy(DDPStrategy):
     """Pipeline parallelism with torch's own schedules, registered as ``pipeline_parallel``.
 
@@ -59,27 +47,14 @@ class PipelineParallelStrategy(DDPStrategy):
     - ``pipeline_loss_fn(output, target) -> Tensor``: the loss of one microbatch, computed on the last stage;
     - ``pipeline_split_batch(batch) -> (inputs, target)`` (optional; default: a batch ``(inputs, target)``).
 
-    Every trainable parameter must be inside the stack (an embedding as its first block, a head as its last): one
-    outside would stay untrained, so it is refused before training, naming the parameters and a stack that holds them.
-
-    Before the optimizers are built, the stack is split into ``pipeline_size x stages_per_rank`` stages balanced by
-    parameter count; each rank keeps only its blocks, under their original names, so ``configure_optimizers`` sees
-    the local parameters and checkpoints hold the unsplit model's keys. The strategy runs the schedule in place of
-    the module's ``training_step``/``validation_step``/``test_step`` (forward-only for evaluation) and logs
-    ``train_loss``, ``val_loss`` and ``test_loss``: the last stage's mean microbatch loss, sent to every rank,
-    so the progress bar, checkpoint monitors and early stopping agree. With ``world_size = pipeline_size x dp``,
-    ``dp`` pipeline replicas each read their own shard of the data and average gradients before each optimizer step.
-
-    ``predict_step`` runs forward-only too and returns the stack's output for the batch's inputs (the whole batch
-    when it is not an ``(inputs, target)`` pair or ``pipeline_split_batch`` is not defined) on every rank of the
-    pipeline, on the CPU. A model built under ``Trainer.init_module(empty_init=True)`` lives on the meta device
-    until the split: each rank then allocates only its own blocks and initialises them with their modules'
-    ``reset_parameters()``, block ``i`` from seed ``torch.initial_seed() + i`` (rank 0's), so the weights do not
-    depend on the layout.
-
-    Gradient clipping by norm (``Trainer(gradient_clip_val=...)``) uses the norm over all stages' gradients.
-    Checkpoints gather every stage's weights, so the saved ``state_dict`` loads strictly into the unsplit module on
-    one device; the optimizer states are kept per pipeline rank and resume only with the same layout.
+    Every trainable parameter must be inside the stack (refused before training otherwise). The stack is split into
+    ``pipeline_size x stages_per_rank`` stages balanced by parameter count, each rank keeping its blocks under their
+    original names; the schedule runs in place of the module's train/validation/test/predict steps and logs
+    ``train_loss``, ``val_loss`` and ``test_loss`` (the last stage's mean microbatch loss, on every rank). With
+    ``world_size = pipeline_size x dp``, ``dp`` replicas read their own data shard and average gradients. Clipping by
+    norm spans all stages; checkpoints hold the unsplit model's weights, the optimizer states per pipeline rank. A
+    model built under ``Trainer.init_module(empty_init=True)`` is allocated per stage after the split. The README's
+    "Pipeline parallelism" section has the details.
 
     Args:
         schedule: ``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``looped_bfs``, ``interleaved_zero_bubble`` or
@@ -119,12 +94,7 @@ class PipelineParallelStrategy(DDPStrategy):
             raise ConfigurationError(f"pipeline_size={pipeline_size} must be >= 1 (--trainer.strategy.pipeline_size).")
         if timeout is not None:
             kwargs["timeout"] = timeout
-        ddp_only = {name for name, value in kwargs.items() if value != _DDP_DEFAULTS.get(name)} - _PARALLEL_ARGUMENTS
-        if ddp_only:
-            raise ConfigurationError(
-                f"pipeline_parallel runs a pipeline schedule and does not wrap the model in DDP, so {sorted(ddp_only)} "
-                "would do nothing: drop them (its replicas average their gradients themselves)."
-            )
+        refuse_wrapper_arguments(kwargs)
         super().__init__(process_group_backend=process_group_backend, **kwargs)
         self.schedule = schedule
         self.n_microbatches = n_microbatches
@@ -205,12 +175,7 @@ class PipelineParallelStrategy(DDPStrategy):
                 "not part of the pipeline's forward, which runs the stack only; put their modules into the stack if "
                 "forward() uses them."
             )
-        loss_fn = getattr(pl_module, "pipeline_loss_fn", None)
-        if not callable(loss_fn):
-            raise ConfigurationError(
-                f"{type(pl_module).__name__} needs pipeline_loss_fn(output, target) -> Tensor: the loss of one "
-                "microbatch, computed on the last pipeline stage."
-            )
+        loss_fn = loss_fn_of(pl_module)
         grid, group = self._grid, self._mesh.get_group("pp")
         plan = plan_stages(stack, grid.pipeline_size * self.stages_per_rank, grid.pipeline_size, self._spec.rank_layout)
         seed = distributed.broadcast_object(torch.initial_seed())  # dp replicas must start alike
