@@ -11,8 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from lightning_scale.testing.faults import Fault
-from lightning_scale.testing.job import CloudNotices, JobConfig, write_job
+from lightning_scale.testing.job import JobConfig, write_job
 from lightning_scale.testing.launch import run_attempt
 
 __all__ = ["ResumeReport", "assert_exact_resume", "read_traces", "run_interrupted_and_reference"]
@@ -198,14 +197,3 @@ def read_traces(out_dir: str | Path, devices: int) -> dict[int, list[dict[str, A
         path = Path(out_dir) / f"trace_rank{rank}.jsonl"
         traces[rank] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return traces
-
-
-# Transitional, for tests/callbacks/test_spot_preemption.py only (edited elsewhere meanwhile): it still writes the
-# untyped job dict. It moves to write_job(out, JobConfig(...)) and run_attempt with its next edit; then these go.
-_attempt = run_attempt
-
-
-def _job(out_dir: Path, config: dict[str, Any]) -> Path:
-    faults = tuple(Fault(f["step"], f["rank"], f["signal"], whole_job=f.get("job", False)) for f in config["faults"])
-    typed = {"faults": faults, "spot_preemption": CloudNotices(**config["spot_preemption"])}
-    return write_job(out_dir, JobConfig(**{**config, **typed, "sys_path": tuple(config["sys_path"])}))

@@ -14,7 +14,7 @@ from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import Notice, SignalNotice
-from lightning_scale.testing.exact_resume import _attempt, _job
+from lightning_scale.testing import CloudNotices, Fault, JobConfig, run_attempt, write_job
 from tests.wandb_records import exit_codes, history_values, read_records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,31 +86,28 @@ def test_saves_only_when_the_last_save_fits_before_the_deadline(tmp_path):
 
 
 def single_process_job(tmp_path: Path, grace_seconds: float, **extra) -> Path:
-    return _job(
-        tmp_path,
-        {
-            "model_factory": "tests.factories:model",
-            "datamodule_factory": "tests.factories:data_workers0",
-            "steps": 20,
-            "devices": 1,
-            "seed": 0,
-            "checkpoint": "resumable",
-            "checkpoint_every": 4,
-            "trainer_kwargs": {"limit_val_batches": 0},
-            "trace_params": False,
-            "sys_path": [str(ROOT)],
-            "interrupt_at": None,
-            "spot_preemption": {"grace_seconds": grace_seconds},
-            "faults": [{"step": 6, "rank": 0, "signal": "SIGTERM"}],
-            **extra,
-        },
+    fields = {
+        "model_factory": "tests.factories:model",
+        "datamodule_factory": "tests.factories:data_workers0",
+        "trainer_kwargs": {"limit_val_batches": 0},
+        "faults": (Fault(step=6, rank=0, kind="SIGTERM"),),
+        **extra,
+    }
+    config = JobConfig(
+        steps=20,
+        checkpoint_every=4,
+        devices=1,
+        trace_params=False,
+        spot_preemption=CloudNotices(grace_seconds=grace_seconds),
+        **fields,
     )
+    return write_job(tmp_path, config)
 
 
 @pytest.mark.timeout(120)
 def test_sigterm_saves_at_the_next_step_and_exits_143(tmp_path):
     job = single_process_job(tmp_path, grace_seconds=25)
-    assert _attempt(job, 100, expect="failure") == 143
+    assert run_attempt(job, 100, expect="failure") == 143
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "checkpoints")))
     assert manifest is not None and manifest.global_step == 7
 
@@ -118,7 +115,7 @@ def test_sigterm_saves_at_the_next_step_and_exits_143(tmp_path):
 @pytest.mark.timeout(120)
 def test_too_little_time_keeps_the_previous_checkpoint_and_still_exits_cleanly(tmp_path):
     job = single_process_job(tmp_path, grace_seconds=1e-6)
-    assert _attempt(job, 100, expect="failure") == 143
+    assert run_attempt(job, 100, expect="failure") == 143
     store = CheckpointStore(str(tmp_path / "checkpoints"))
     manifest, skipped = find_newest_valid(store)
     assert manifest is not None and manifest.global_step == 4 and skipped == []
@@ -130,7 +127,7 @@ def test_a_wandb_offline_run_is_finished_with_the_preemption_before_exit(tmp_pat
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     job = single_process_job(tmp_path, grace_seconds=25, wandb_dir=str(tmp_path / "wandb-runs"))
-    assert _attempt(job, 100, expect="failure") == 143
+    assert run_attempt(job, 100, expect="failure") == 143
     runs = list((tmp_path / "wandb-runs").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(runs) == 1
     records = read_records(runs[0])
@@ -151,7 +148,7 @@ def test_inside_slurm_rank0_requeues_the_job_after_the_checkpoint(tmp_path, monk
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     job = single_process_job(tmp_path / "job", grace_seconds=25)
-    assert _attempt(job, 100, expect="failure") == 143
+    assert run_attempt(job, 100, expect="failure") == 143
     assert calls.read_text().split() == ["requeue", "4242"]
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == 7
@@ -160,13 +157,13 @@ def test_inside_slurm_rank0_requeues_the_job_after_the_checkpoint(tmp_path, monk
 @pytest.mark.timeout(180)
 def test_with_gradient_accumulation_it_stops_after_an_optimizer_step_and_resumes_exactly(tmp_path):
     kwargs = {"limit_val_batches": 0, "accumulate_grad_batches": 4}
-    reference = single_process_job(tmp_path / "reference", grace_seconds=25, trainer_kwargs=kwargs, faults=[])
-    _attempt(reference, 100, expect="finish")
+    reference = single_process_job(tmp_path / "reference", grace_seconds=25, trainer_kwargs=kwargs, faults=())
+    run_attempt(reference, 100, expect="finish")
     job = single_process_job(tmp_path / "job", grace_seconds=25, trainer_kwargs=kwargs)  # SIGTERM during step 7
-    assert _attempt(job, 100, expect="failure") == 143
+    assert run_attempt(job, 100, expect="failure") == 143
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == 7  # not in the middle of the accumulation window
-    _attempt(job, 100, expect="finish")
+    run_attempt(job, 100, expect="finish")
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
     expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
@@ -179,16 +176,16 @@ def test_a_sigterm_to_every_process_of_the_job_saves_at_the_next_step_and_resume
     torch's workers die of it and the rank fails at once: "DataLoader worker (pid N) is killed by signal")."""
     extra = {"trainer_kwargs": {"limit_val_batches": 2, "val_check_interval": 5}}
     extra["datamodule_factory"] = "tests.factories:data_workers2_fork"
-    reference = single_process_job(tmp_path / "reference", grace_seconds=25, faults=[], **extra)
-    _attempt(reference, 100, expect="finish")
-    faults = [{"step": 6, "rank": 0, "signal": "SIGTERM", "job": True}]  # during step 7, after a validation
+    reference = single_process_job(tmp_path / "reference", grace_seconds=25, faults=(), **extra)
+    run_attempt(reference, 100, expect="finish")
+    faults = (Fault(step=6, rank=0, kind="SIGTERM", whole_job=True),)  # during step 7, after a validation
     job = single_process_job(tmp_path / "job", grace_seconds=25, faults=faults, **extra)
-    assert _attempt(job, 100, expect="failure") == 143
+    assert run_attempt(job, 100, expect="failure") == 143
     log = (tmp_path / "job" / "log.txt").read_text()
     assert log.count("ignores SIGTERM from pid") == 4 and "killed by signal" not in log  # 2 train + 2 val workers
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == 7
-    _attempt(job, 100, expect="finish")
+    run_attempt(job, 100, expect="finish")
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
     expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
     assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
