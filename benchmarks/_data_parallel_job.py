@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
-from lightning_scale.data_parallel import training_state_bytes
+from lightning_scale.parallel.data import training_state_bytes
 from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy
 
 WARMUP = 10

@@ -26,7 +26,8 @@ def test_only_distributed_module_imports_torch_distributed(path):
     if path.name == "distributed.py":
         return
     allowed = set()
-    if path.parent.name == "pipeline":
+    folder = path.parent.relative_to(PACKAGE).as_posix()
+    if folder == "parallel/pipeline":
         # torch's pipeline schedules are its own communication engine (point-to-point inside PipelineStage): the
         # engine builds them but calls no collective itself; its broadcasts and reductions go through distributed.py
         allowed = {"torch.distributed.pipelining"}
@@ -42,17 +43,17 @@ def test_only_distributed_module_imports_torch_distributed(path):
             "torch.distributed.checkpoint.default_planner",
             "torch.distributed.checkpoint.state_dict_loader",
         }
-    if path.parent.name == "model_parallel":
+    if folder == "parallel/model":
         # FSDP2 and tensor parallelism: torch's engines, applied here, not collectives called
         allowed = {"torch.distributed.fsdp", "torch.distributed.tensor.parallel"}
-    if path.parent.name == "data_parallel":
+    if folder == "parallel/data":
         # DDP communication hooks and ZeroRedundancyOptimizer: torch's engines, built here, not collectives called
         allowed = {"torch.distributed.algorithms.ddp_comm_hooks", "torch.distributed.optim"}
     imported = {name for name in imports_of(path) if name.startswith("torch.distributed")}
     assert imported <= allowed, imported - allowed
 
 
-@pytest.mark.parametrize("package", ["checkpoint", "cost", "data", "data_parallel", "model_parallel", "pipeline"])
+@pytest.mark.parametrize("package", ["checkpoint", "cost", "data", "parallel"])
 def test_pure_logic_packages_do_not_import_lightning(package):
     for path in (PACKAGE / package).rglob("*.py"):
         assert not {name.split(".")[0] for name in imports_of(path)} & {"lightning", "pytorch_lightning"}, path

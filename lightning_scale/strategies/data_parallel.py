@@ -13,7 +13,8 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_scale import distributed
-from lightning_scale.data_parallel import (
+from lightning_scale.errors import ConfigurationError
+from lightning_scale.parallel.data import (
     COMPRESSIONS,
     Compression,
     CompressionHook,
@@ -22,7 +23,6 @@ from lightning_scale.data_parallel import (
     compression_hook,
     shard_optimizer,
 )
-from lightning_scale.errors import ConfigurationError
 
 __all__ = ["DataParallelStrategy"]
 

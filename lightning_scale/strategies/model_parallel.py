@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from lightning_scale import distributed
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.model_parallel import (
+from lightning_scale.parallel.model import (
     apply_fsdp,
     apply_tensor_parallel,
     default_tensor_parallel_plan,

@@ -19,16 +19,16 @@ from typing_extensions import override
 
 from lightning_scale import distributed
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.pipeline.batch import inputs_and_target, inputs_of, loss_fn_of
-from lightning_scale.pipeline.clipping import clip_grad_norm_across_
-from lightning_scale.pipeline.ddp_arguments import refuse_wrapper_arguments
-from lightning_scale.pipeline.gradients import GradientStash
-from lightning_scale.pipeline.grid import PipelineGrid
-from lightning_scale.pipeline.layout import checked_stack
-from lightning_scale.pipeline.runner import PipelineRunner
-from lightning_scale.pipeline.schedules import ScheduleName, schedule_spec
-from lightning_scale.pipeline.split import plan_stages, split_module_
-from lightning_scale.pipeline.state import (
+from lightning_scale.parallel.pipeline.batch import inputs_and_target, inputs_of, loss_fn_of
+from lightning_scale.parallel.pipeline.clipping import clip_grad_norm_across_
+from lightning_scale.parallel.pipeline.ddp_arguments import refuse_wrapper_arguments
+from lightning_scale.parallel.pipeline.gradients import GradientStash
+from lightning_scale.parallel.pipeline.grid import PipelineGrid
+from lightning_scale.parallel.pipeline.layout import checked_stack
+from lightning_scale.parallel.pipeline.runner import PipelineRunner
+from lightning_scale.parallel.pipeline.schedules import ScheduleName, schedule_spec
+from lightning_scale.parallel.pipeline.split import plan_stages, split_module_
+from lightning_scale.parallel.pipeline.state import (
     gather_model_state,
     gather_optimizer_state,
     stage_model_state,

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
-from lightning_scale.data_parallel import training_state_bytes
+from lightning_scale.parallel.data import training_state_bytes
 from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy
 from tests.jobs import job_configs
 

@@ -7,7 +7,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from examples.char_transformer import CharTransformer
-from lightning_scale.model_parallel import ShardingPolicyError, default_tensor_parallel_plan, sharding_units
+from lightning_scale.parallel.model import ShardingPolicyError, default_tensor_parallel_plan, sharding_units
 from lightning_scale.strategies import ModelParallelStrategy
 
 
@@ -52,7 +52,7 @@ def test_attention_with_separate_projections_is_split_by_heads():
 
 
 def test_a_three_layer_mlp_alternates_column_and_row_and_nested_blocks_are_sharded_innermost_first(monkeypatch):
-    import lightning_scale.model_parallel.policy as policy
+    import lightning_scale.parallel.model.policy as policy
 
     mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 8))
     plan = default_tensor_parallel_plan(mlp, [("mlp", mlp)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_scale.pipeline import GradientStash
+from lightning_scale.parallel.pipeline import GradientStash
 
 
 def test_stashed_gradients_are_added_scaled_to_those_accumulated_before():

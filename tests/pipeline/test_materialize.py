@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_scale.pipeline import is_meta, materialize_
+from lightning_scale.parallel.pipeline import is_meta, materialize_
 
 
 def blocks() -> list[nn.Module]:

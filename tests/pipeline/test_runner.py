@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_scale.pipeline import SCHEDULES, PipelineRunner, inputs_and_target, plan_stages, split_module_
+from lightning_scale.parallel.pipeline import SCHEDULES, PipelineRunner, inputs_and_target, plan_stages, split_module_
 
 BATCH, IN, OUT = 8, 4, 3
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_scale.pipeline import SCHEDULES, schedule_spec
+from lightning_scale.parallel.pipeline import SCHEDULES, schedule_spec
 
 
 def test_every_spec_is_registered_under_its_own_name_and_its_default_fits():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from lightning_scale.pipeline import balanced_partition, plan_stages, stage_ranks
+from lightning_scale.parallel.pipeline import balanced_partition, plan_stages, stage_ranks
 
 
 def test_partition_minimises_the_largest_stage():

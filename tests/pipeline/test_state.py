@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_scale.pipeline import (
+from lightning_scale.parallel.pipeline import (
     PipelineGrid,
     gather_model_state,
     gather_optimizer_state,

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 
 from lightning_scale import distributed
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.pipeline.schedules import ScheduleSpec, build_schedule
-from lightning_scale.pipeline.split import StagePlan
+from lightning_scale.parallel.pipeline.schedules import ScheduleSpec, build_schedule
+from lightning_scale.parallel.pipeline.split import StagePlan
 
 __all__ = ["LOSS_SEND_GRACE", "LOSS_TAG", "PipelineRunner"]
 
@@ -40,7 +40,7 @@ class PipelineRunner:
 
     Example:
         >>> import torch.distributed as dist
-        >>> from lightning_scale.pipeline import SCHEDULES, plan_stages
+        >>> from lightning_scale.parallel.pipeline import SCHEDULES, plan_stages
         >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         >>> stack = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
         >>> plan = plan_stages(stack, num_stages=1, pipeline_size=1, style="looped")

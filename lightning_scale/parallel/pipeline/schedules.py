@@ -15,7 +15,7 @@ import torch.distributed.pipelining as pipelining
 from torch import Tensor, nn
 
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.pipeline.split import LOOPED, V_SHAPE
+from lightning_scale.parallel.pipeline.split import LOOPED, V_SHAPE
 
 __all__ = ["SCHEDULES", "ScheduleName", "ScheduleSpec", "build_schedule", "schedule_spec"]
 

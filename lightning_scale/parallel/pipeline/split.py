@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.pipeline.materialize import is_meta, materialize_
+from lightning_scale.parallel.pipeline.materialize import is_meta, materialize_
 
 __all__ = ["StagePlan", "balanced_partition", "plan_stages", "split_module_", "stage_ranks"]
 

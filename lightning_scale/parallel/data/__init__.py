@@ -1,6 +1,6 @@
 """Data parallel building blocks: gradient compression hooks and ZeRO-1 optimizer sharding (no Lightning imports)."""
 
-from lightning_scale.data_parallel.compression import (
+from lightning_scale.parallel.data.compression import (
     COMPRESSIONS,
     Compression,
     CompressionHook,
@@ -8,7 +8,7 @@ from lightning_scale.data_parallel.compression import (
     check_powersgd_settings,
     compression_hook,
 )
-from lightning_scale.data_parallel.zero import shard_optimizer, training_state_bytes
+from lightning_scale.parallel.data.zero import shard_optimizer, training_state_bytes
 
 __all__ = [
     "COMPRESSIONS",

@@ -1,7 +1,7 @@
 """Model parallel building blocks: the automatic FSDP2 sharding policy and the default tensor-parallel plan
 (no Lightning imports)."""
 
-from lightning_scale.model_parallel.policy import (
+from lightning_scale.parallel.model.policy import (
     ShardingPolicyError,
     apply_fsdp,
     apply_tensor_parallel,
