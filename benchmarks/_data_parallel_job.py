@@ -10,7 +10,6 @@ all-reduced payload bytes.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _step_times import StepEnds, median_step
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
@@ -36,18 +37,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fp16": {"grad_compression": "fp16"},
     "powersgd": POWERSGD,
 }
-
-
-def median_step(ends: list[float]) -> float:
-    return statistics.median(b - a for a, b in zip(ends[WARMUP:], ends[WARMUP + 1 :], strict=False))
-
-
-class StepEnds(pl.Callback):
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-
-    def on_train_batch_end(self, *args: Any) -> None:
-        self.ends.append(time.perf_counter())
 
 
 def payload_bytes(variant: str, model: torch.nn.Module, strategy: Any) -> float:
@@ -79,7 +68,7 @@ def lightning_run(variant: str, steps: int) -> dict[str, Any]:
     trainer.fit(model, datamodule=CharDataModule(batch_size=8))
     memory = training_state_bytes(model, trainer.optimizers)
     return {
-        "step_s": median_step(ends.ends),
+        "step_s": ends.median_step_s(WARMUP),
         "memory": memory,
         "payload_bytes": payload_bytes(variant, model, strategy),
     }
@@ -112,7 +101,7 @@ def raw_run(steps: int) -> dict[str, Any]:
         scheduler.step()
         ends.append(time.perf_counter())
     memory = training_state_bytes(model, [optimizer])
-    return {"step_s": median_step(ends), "memory": memory, "payload_bytes": payload_bytes("raw", model, None)}
+    return {"step_s": median_step(ends, WARMUP), "memory": memory, "payload_bytes": payload_bytes("raw", model, None)}
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,8 @@ from torch.distributed import pipelining
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _step_times import StepEnds, median_step
 
 from lightning_scale import distributed
 from lightning_scale.strategies import PipelineParallelStrategy
@@ -63,18 +64,6 @@ class Model(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
 
-class StepTimes(pl.Callback):
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-
-    def on_train_batch_end(self, *args) -> None:
-        self.ends.append(time.perf_counter())
-
-
-def median_step(ends: list[float]) -> float:
-    return statistics.median(b - a for a, b in zip(ends[WARMUP:], ends[WARMUP + 1 :], strict=False))
-
-
 def single(width: int, steps: int) -> float:
     model, ends = stack(width), []
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -84,7 +73,7 @@ def single(width: int, steps: int) -> float:
         loss.backward()  # at once (zeroing first was ~10 % slower at D=1024 on this machine)
         optimizer.step()
         ends.append(time.perf_counter())
-    return median_step(ends)
+    return median_step(ends, WARMUP)
 
 
 def raw(width: int, microbatches: int, steps: int) -> float:
@@ -106,17 +95,17 @@ def raw(width: int, microbatches: int, steps: int) -> float:
             schedule.step()
         optimizer.step()
         ends.append(time.perf_counter())
-    return median_step(ends)
+    return median_step(ends, WARMUP)
 
 
 def lightning(width: int, steps: int, **trainer: object) -> float:
     """Median step of a stock Lightning Trainer (``trainer``: its devices and strategy) on the benchmark model."""
-    times = StepTimes()
+    times = StepEnds()
     pl.Trainer(
         accelerator="cpu", max_steps=steps, callbacks=[times], logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False, **trainer,
     ).fit(Model(width), train_dataloaders=data(width, steps))  # fmt: skip
-    return median_step(times.ends)
+    return times.median_step_s(WARMUP)
 
 
 def ours(width: int, microbatches: int, steps: int) -> float:

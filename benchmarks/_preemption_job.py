@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _step_times import StepEnds
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
@@ -22,23 +22,16 @@ from lightning_scale.testing import Fault, FaultInjector
 WARMUP_STEPS = 10
 
 
-class StepTimer(pl.Callback):
-    """Median wall time per training step after a warm-up, written by rank 0."""
+class StepTimer(StepEnds):
+    """Median wall time per training step after a warm-up, written by rank 0 when training ends."""
 
     def __init__(self, out: Path) -> None:
+        super().__init__()
         self.out = out
-        self.times: list[float] = []
-        self.last = 0.0
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        now = time.perf_counter()
-        if trainer.global_step > WARMUP_STEPS:
-            self.times.append(now - self.last)
-        self.last = now
-
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
-            self.out.write_text(json.dumps({"step_s": statistics.median(self.times)}))
+            self.out.write_text(json.dumps({"step_s": self.median_step_s(WARMUP_STEPS)}))
 
 
 def main() -> None:

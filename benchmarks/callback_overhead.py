@@ -4,7 +4,7 @@ Single-process CPU fits of the example transformer (1 thread). "all": ``Resumabl
 ``DataStateCheckpoint``; no save inside the timed steps), ``SpotPreemption`` (SIGTERM/SIGUSR1, a vote every step: a
 no-op at world size 1, measured on 2 processes by ``preemption_cost.py``), ``CostTracker``, ``BudgetedEarlyStopping``
 (a cost budget checked every step) and ``DivergenceRollback`` (reads the loss every step). Both variants log to CSV.
-A step is the wall time between consecutive ``on_train_batch_start`` calls (data loading, the step, every hook);
+A step is the wall time between the ends of consecutive training batches (data loading, the step, every hook);
 each fit's median step after a warm-up, variants interleaved, medians (min-max) over repeats, the ratio paired within
 each repeat. Writes ``benchmarks/results/callback_overhead.json``.
 
@@ -14,14 +14,11 @@ each repeat. Writes ``benchmarks/results/callback_overhead.json``.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -31,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, spread
+from _step_times import StepEnds
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import (
@@ -44,20 +42,6 @@ from lightning_scale.callbacks import (
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 1.01  # all / none step time
 WARMUP = 10
-
-
-class StepTimes(pl.Callback):
-    """Wall time between consecutive ``on_train_batch_start`` calls."""
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
-        self.starts.append(time.perf_counter())
-
-    def median_step_s(self) -> float:
-        starts = self.starts[WARMUP:]
-        return statistics.median(b - a for a, b in itertools.pairwise(starts))
 
 
 def callbacks(variant: str, workdir: str) -> list[pl.Callback]:
@@ -74,7 +58,7 @@ def callbacks(variant: str, workdir: str) -> list[pl.Callback]:
 
 def fit(variant: str, steps: int) -> float:
     pl.seed_everything(0, verbose=False)
-    timer = StepTimes()
+    timer = StepEnds()
     with tempfile.TemporaryDirectory() as workdir:
         trainer = pl.Trainer(
             accelerator="cpu", devices=1, max_steps=steps, limit_val_batches=0,
@@ -83,7 +67,7 @@ def fit(variant: str, steps: int) -> float:
             default_root_dir=workdir,
         )  # fmt: skip
         trainer.fit(CharTransformer(vocab_size=64), CharDataModule(batch_size=8, augment=True))
-    return timer.median_step_s()
+    return timer.median_step_s(WARMUP)
 
 
 def main() -> None:
