@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import lightning.pytorch as pl
@@ -109,9 +110,32 @@ class RunLineage(ProcessLocal):
         if trainer.is_global_zero and self._progress is not None and started:
             self._progress.record(trainer.global_step, force=force)
 
-    def expired(self, keep: int, last: str | None) -> list[str]:
-        """This run's checkpoints of this generation beyond the ``keep`` newest (``last`` not counted)."""
-        return expired(self.store, self.run_id, self.generation, keep, last)
+    def manifest_fields(self, trainer: pl.Trainer, checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+        """What a checkpoint's manifest records of the run and the model besides its files."""
+        return {
+            "global_step": trainer.global_step,
+            "epoch": trainer.current_epoch,
+            "run_id": str(self.run_id),
+            "generation": self.generation,
+            "world_size": trainer.world_size,
+            "tensor_shapes": tensor_shapes(checkpoint["state_dict"]),  # the saved model's (a pipeline's gathered)
+        }
+
+    def newest_valid(self) -> str | None:
+        """Path of the newest valid checkpoint with a manifest (``None``: none); every rank (rank 0 looks)."""
+        choice = self._on_storage(lambda: choose_resume(self.store), "Looking for a checkpoint")
+        return None if choice.manifest is None else choice.path
+
+    def retain(self, remove: Callable[[str], None], keep: int, last: str | None) -> None:
+        """On the writing rank: ``remove`` this run's checkpoints of this generation beyond the ``keep`` newest
+        (``last`` not counted); a failure is warned about, and those files wait for the next save."""
+        try:
+            for name in expired(self.store, self.run_id, self.generation, keep, last):
+                remove(name)
+        except OSError as err:  # the new checkpoint is safe; an old one stays until the next save retries
+            warnings.warn(
+                f"Removing old checkpoints from {self.store.dirpath} failed ({err}); they are kept.", stacklevel=2
+            )
 
     def state_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "generation": self.generation}

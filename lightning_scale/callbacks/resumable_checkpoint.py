@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal
 from weakref import proxy
 
 import lightning.pytorch as pl
@@ -34,15 +34,13 @@ from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.checkpoint.background import WriteResult
 from lightning_scale.checkpoint.cadence import SaveTimer
 from lightning_scale.checkpoint.rank_zero import on_storage
-from lightning_scale.checkpoint.resume import choose_resume, tensor_shapes
+from lightning_scale.checkpoint.resume import choose_resume
 from lightning_scale.checkpoint.saver import SaveHooks, Saver, SaveRequest, make_saver
 from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.checkpoint.writer import CheckpointWriter
 from lightning_scale.errors import ConfigurationError
 
 __all__ = ["ResumableCheckpoint"]
-
-T = TypeVar("T")
 
 
 class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
@@ -55,16 +53,13 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
       same step), or ``every_n_minutes="auto"``: the Young/Daly interval ``sqrt(2 C M)`` for the measured save time
       ``C`` and ``mean_time_between_interruptions_hours`` ``M``, logged as ``checkpoint/interval_minutes`` with
       ``checkpoint/save_seconds``;
-    - **asynchronous** (``async_save``): training waits only for a host-memory copy; one save in flight; a failed
-      background save is reported and never published; **sharded** (``sharded``): a directory every rank writes its
-      part of through ``torch.distributed.checkpoint``, every file in the manifest;
-    - **atomic and validated**: written under a temporary name, renamed, then vouched for by
-      ``<name>.manifest.json`` (size and sha256); resume takes the newest valid checkpoint, warning about bad ones;
-    - **retention and generations**: ``keep_last_k`` newest of this run, never the newest valid one nor other runs';
-      a fit that starts behind newer checkpoints keeps them and writes a generation that the next resume prefers;
-    - **storage**: a local path or any fsspec URL; storage failures raise ``CheckpointStorageError`` on every rank;
-    - **auto-resume** and **full state**: ``fit`` without ``ckpt_path`` resumes from the newest valid checkpoint;
-      a :class:`DataStateCheckpoint` (added when missing) carries every rank's data position and RNG states.
+    - **asynchronous** (``async_save``; training waits for a host-memory copy) and **sharded** (``sharded``; every
+      rank writes its part through ``torch.distributed.checkpoint``) saves;
+    - **atomic and validated**: renamed into place, then vouched for by ``<name>.manifest.json`` (sizes, sha256);
+    - **retention and generations**: the ``keep_last_k`` newest of this run; a fit behind newer checkpoints keeps
+      them and writes a generation that the next resume prefers;
+    - **storage** (a path or any fsspec URL), **auto-resume** (``fit`` without ``ckpt_path`` resumes from the newest
+      valid checkpoint) and **full state** (a :class:`DataStateCheckpoint` adds every rank's data and RNG state).
 
     Args:
         dirpath: Directory or fsspec URL for checkpoints. Default: ``<default_root_dir>/checkpoints``, the same on
@@ -86,22 +81,17 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             its own (gloo).
         keep_last_k: Keep this many newest checkpoints of this run (``None`` keeps all). Used when ``monitor`` is
             ``None`` and ``save_top_k`` is 1.
-        save_top_k: As in ``ModelCheckpoint``: with ``monitor`` set, keep this many best checkpoints; without it, ``0``
-            saves none (``last.ckpt`` only, with ``save_last``), ``-1`` keeps every checkpoint, ``1`` (the default)
-            keeps the ``keep_last_k`` newest. Loggers see this value (``WandbLogger(log_model=True)`` uploads each
-            checkpoint as it is written only with ``-1``, else the best and last at the end, as with the stock class).
+        save_top_k: As in ``ModelCheckpoint`` (loggers see it): with ``monitor``, the best this many; without, ``0``
+            saves ``last.ckpt`` only, ``-1`` keeps all, ``1`` (the default) the ``keep_last_k`` newest.
         save_last: Also maintain ``last.ckpt`` (``True``, or ``"link"`` for a symlink), as in ``ModelCheckpoint``.
         auto_resume: Resume from the newest valid checkpoint in ``dirpath`` when ``fit`` gets no ``ckpt_path``.
-        data_state: Add a :class:`DataStateCheckpoint` to the Trainer when it has none (it makes the training
-            loaders resume exactly; add your own ``DataStateCheckpoint(make_loaders_resumable=False)`` to opt out).
-        strict_resume: Refuse to train, before the first step, when the training data cannot resume exactly (the
-            ``DataStateCheckpoint`` of the Trainer becomes ``strict``); by default that is a warning.
-        wandb_resume: Add a :class:`WandbResume` to a Trainer with a ``WandbLogger`` when it has none, so a restarted
-            job continues the same W&B run.
+        data_state: Add a :class:`DataStateCheckpoint` when the Trainer has none (exact data resume; opt out with
+            your own ``DataStateCheckpoint(make_loaders_resumable=False)``).
+        strict_resume: Refuse to train when the training data cannot resume exactly (default: a warning).
+        wandb_resume: Add a :class:`WandbResume` beside a ``WandbLogger`` when missing: a restart continues the run.
         verbose: Log each save, as in ``ModelCheckpoint``.
         save_on_exception: Also save when fit raises, as in ``ModelCheckpoint``.
-        save_weights_only: Refused when ``True``: a weights-only file cannot resume a run (add a stock
-            ``ModelCheckpoint(save_weights_only=True)`` for those).
+        save_weights_only: Refused when ``True`` (such files cannot resume; add a stock ``ModelCheckpoint`` for them).
         auto_insert_metric_name: As in ``ModelCheckpoint``.
         train_time_interval: ``ModelCheckpoint``'s name for ``every_n_minutes`` (a ``timedelta``).
         save_on_train_epoch_end: As in ``ModelCheckpoint``.
@@ -219,10 +209,9 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         cache = None
         if stage == "fit":  # before ModelCheckpoint lists the directory, so that every rank fails alike
             self._store = CheckpointStore(str(self.dirpath))
-            self._on_storage(self.store.check_writable, "Checkpoint storage")
             cache = local_cache(self.local_cache_dir, fmt.sharded)
-            if cache is not None:
-                self._on_storage(cache.check_writable, "Checkpoint storage")
+            for store in [self.store, *([cache] if cache else [])]:
+                on_storage(store.check_writable, "Checkpoint storage", str(self.dirpath))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)  # a non-empty directory is what resuming looks like
@@ -231,7 +220,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             return
         self._trainer = trainer
         files = CheckpointWriter(self.store, cache, self._retain, plugin_save_file(trainer.strategy, fmt.sharded))
-        self._on_storage(files.remove_partial_files, "Cleaning unfinished saves")
+        on_storage(files.remove_partial_files, "Cleaning unfinished saves", str(self.dirpath))
         hooks = SaveHooks(durable=self._durable, landed=self._landed, warn=rank_zero_warn, clock=self._clock)
         self._saver = make_saver(files, hooks, fmt.sharded, fmt.native, self.async_save)
         if self.every_n_minutes is not None and self._timer is None:
@@ -261,9 +250,6 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if self._saver is not None:
             self._saver.finish()  # the save in flight holds a valid earlier state: let it land
         self._lineage.record_progress(trainer, force=True)
-
-    def _on_storage(self, fn: Callable[[], T], what: str) -> T:
-        return on_storage(fn, what, str(self.dirpath))
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -304,8 +290,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
 
     def newest_valid_checkpoint(self) -> str | None:
         """Path of the newest valid checkpoint in ``dirpath`` (``None``: none); call on every rank (rank 0 looks)."""
-        choice = self._on_storage(lambda: choose_resume(self.store), "Looking for a checkpoint")
-        return None if choice.manifest is None else choice.path
+        return self._lineage.newest_valid()
 
     def save_now(self, trainer: pl.Trainer) -> str:
         """Save a checkpoint of the current step now, whatever the triggers say; call on every rank.
@@ -341,7 +326,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             name=_name_in_dir(filepath),
             step=trainer.global_step,
             state=lambda: dump_checkpoint(trainer, self.save_weights_only),  # on every rank
-            fields=lambda checkpoint: self._manifest_fields(trainer, checkpoint),
+            fields=lambda checkpoint: self._lineage.manifest_fields(trainer, checkpoint),
         )
         durable = self._saving.save(request, synchronous=self._synchronous)
         self._last_global_step_saved = trainer.global_step
@@ -368,26 +353,11 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
 
-    def _manifest_fields(self, trainer: pl.Trainer, checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            "global_step": trainer.global_step,
-            "epoch": trainer.current_epoch,
-            "run_id": str(self._lineage.run_id),
-            "generation": self._lineage.generation,
-            "world_size": trainer.world_size,
-            "tensor_shapes": tensor_shapes(checkpoint["state_dict"]),  # the saved model's (a pipeline's gathered)
-        }
-
     def _retain(self) -> None:
         """On the writing rank, once a checkpoint landed: keep the ``keep_last_k`` newest of this run."""
-        if self.keep_last_k is None or self.monitor is not None or self.save_top_k == -1:
-            return
-        last = _name_in_dir(self.last_model_path) if self.last_model_path else None
-        try:
-            for name in self._lineage.expired(self.keep_last_k, last):
-                self._saving.files.remove(name)
-        except OSError as err:  # the new checkpoint is safe; an old one stays until the next save retries
-            warnings.warn(f"Removing old checkpoints from {self.dirpath} failed ({err}); they are kept.", stacklevel=2)
+        if self.keep_last_k is not None and self.monitor is None and self.save_top_k != -1:
+            last = _name_in_dir(self.last_model_path) if self.last_model_path else None
+            self._lineage.retain(self._saving.files.remove, self.keep_last_k, last)
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
