@@ -2,14 +2,16 @@
 
 Each has no public equivalent in torch 2.13; ``tests/test_torch_internals.py`` fails loudly when an upgrade moves one:
 
-1. ``FsspecReader``/``FsspecWriter``: torch.distributed.checkpoint's storage over fsspec, for sharded checkpoints on
-   object stores (the public ``FileSystemReader``/``Writer`` take local paths only);
+1. ``FsspecReader``: torch.distributed.checkpoint's reader over fsspec, for sharded checkpoints on object stores (the
+   public ``FileSystemReader`` takes local paths only);
 2. ``load_state_dict_in_one_process``: DCP's loader with ``no_dist=True`` and a planner that takes every tensor, to
    read a sharded checkpoint whole in one process (consolidation, loading on another world size); the public
    ``dcp.load`` insists on a state dict of the right structure to load into;
 3. ``tree_leaves``/``tree_flatten``: torch's pytree, which knows the containers a batch or state dict is made of;
 4. ``compress_hook``: the body of torch's fp16/bf16 DDP compression hooks, parameterised by dtype; DDP refuses the
-   public ``bf16_compress_hook`` off NCCL by its name, although gloo all-reduces bfloat16.
+   public ``bf16_compress_hook`` off NCCL by its name, although gloo all-reduces bfloat16;
+5. ``files_through``: a ``FileSystemWriter`` whose file access goes through another (public) ``FileSystemBase``, by
+   replacing its ``fs`` and ``path`` attributes, as torch's own ``FsspecWriter`` does.
 """
 
 from __future__ import annotations
@@ -18,15 +20,16 @@ from typing import Any
 
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import _compress_hook as compress_hook
 from torch.distributed.checkpoint import StorageReader
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.utils._pytree import tree_flatten, tree_leaves
 
 __all__ = [
     "FsspecReader",
-    "FsspecWriter",
     "compress_hook",
+    "files_through",
     "load_state_dict_in_one_process",
     "tree_flatten",
     "tree_leaves",
@@ -36,3 +39,10 @@ __all__ = [
 def load_state_dict_in_one_process(state_dict: dict[str, Any], reader: StorageReader) -> None:
     """Fill ``state_dict`` with every tensor of the checkpoint ``reader`` reads, whole, with no collective."""
     _load_state_dict(state_dict, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+
+
+def files_through(writer: FileSystemWriter, files: FileSystemBase, path: str) -> FileSystemWriter:
+    """``writer``, writing the checkpoint ``path`` (a URL ``files`` understands) through ``files``."""
+    writer.fs = files  # type: ignore[assignment]
+    writer.path = path
+    return writer

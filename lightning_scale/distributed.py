@@ -253,15 +253,16 @@ def on_rank_zero(fn: Callable[[], T], group: Any = None) -> T:
     return value
 
 
-def on_every_rank(fn: Callable[[], T]) -> T:
-    """Run ``fn`` on every rank; if it fails on any rank, raise :class:`RankFailedError` on all of them."""
+def on_every_rank(fn: Callable[[], T], group: Any = None) -> T:
+    """Run ``fn`` on every rank (of ``group``); if it fails on any rank, raise :class:`RankFailedError` on all of
+    them."""
     error: Exception | None = None
     value: Any = None
     try:
         value = fn()
     except Exception as err:
         error = err
-    failures = all_gather_object(None if error is None else _failure(error))
+    failures = all_gather_object(None if error is None else _failure(error), group)
     failed = [(f"rank {r}: {failure[0]}", failure[1]) for r, failure in enumerate(failures) if failure is not None]
     if failed:
         raise _rank_failed("; ".join(message for message, _ in failed), any(usage for _, usage in failed)) from error

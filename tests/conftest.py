@@ -12,6 +12,8 @@ import torch.distributed as dist
 from lightning_scale._warnings import ignore_library_warnings
 from tests.faulty_fs import FaultyFileSystem
 
+pytest_plugins = ["tests.s3"]  # the S3 server fixtures
+
 _SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
 
 

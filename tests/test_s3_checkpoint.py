@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import logging
 import random
-import socket
 import threading
 import time
-import uuid
 
 import fsspec
 import lightning
@@ -21,60 +19,11 @@ from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.checkpoint.manifest import find_newest_valid, list_manifests, read_manifest
 from lightning_scale.checkpoint.progress import PROGRESS_NAME
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
+from lightning_scale.strategies import ModelParallelStrategy
 from tests import fitting
 from tests.fitting import AtStep
-from tests.tcp_proxy import TcpProxy
 
 s3fs = pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-
-
-def _point_s3_at(monkeypatch, tmp_path, endpoint_url, **s3_kwargs):
-    """Send every s3:// access of fsspec, s3fs and Lightning to ``endpoint_url``, with test credentials, for one test.
-
-    ``FSSPEC_S3_ENDPOINT_URL`` is read only when fsspec is imported, so the endpoint goes into fsspec's config dict,
-    which every ``S3FileSystem`` (ours and Lightning's) is built from.
-    """
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    for name in ["AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"]:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint_url, **s3_kwargs})
-    s3fs.S3FileSystem.clear_instance_cache()
-
-
-@pytest.fixture
-def s3_bucket(monkeypatch, tmp_path):
-    """A fresh bucket on an in-process moto S3 server; yields its name."""
-    werkzeug_log = logging.getLogger("werkzeug")
-    werkzeug_level = werkzeug_log.level
-    werkzeug_log.setLevel(logging.WARNING)  # no log line per request
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        _point_s3_at(monkeypatch, tmp_path, f"http://{host}:{port}")
-        bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
-        fsspec.filesystem("s3").mkdir(bucket)
-        yield bucket
-    finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.stop()
-        werkzeug_log.setLevel(werkzeug_level)
-
-
-@pytest.fixture
-def closed_port():
-    """A 127.0.0.1 port that refuses connections (bound, never listening) for the duration of the test."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield sock.getsockname()[1]
 
 
 class _StepRecorder(Callback):
@@ -121,22 +70,6 @@ def test_training_on_s3_auto_resumes_and_matches_an_uninterrupted_run(s3_bucket,
     assert skipped == []
     assert newest == read_manifest(store, "epoch=0-step=20.ckpt")
     assert newest.global_step == 20
-
-
-@pytest.fixture
-def unreachable_s3(monkeypatch, tmp_path, closed_port):
-    """s3:// pointed at a closed 127.0.0.1 port, with one attempt and short timeouts so failures take seconds."""
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    monkeypatch.setenv("AWS_RETRY_MODE", "standard")
-    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
-    _point_s3_at(
-        monkeypatch,
-        tmp_path,
-        f"http://127.0.0.1:{closed_port}",
-        config_kwargs={"connect_timeout": 1, "read_timeout": 1, "retries": {"max_attempts": 1}},
-    )
-    yield
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_check_writable_on_an_unreachable_endpoint_raises_an_error_naming_the_dirpath(unreachable_s3):
@@ -198,42 +131,7 @@ def test_missing_credentials_fail_at_fit_start_naming_them(s3_bucket, monkeypatc
     assert recorder.steps == []
 
 
-@pytest.fixture
-def s3_outage(monkeypatch, tmp_path):
-    """A bucket on a moto server reached through a ``TcpProxy`` that the test can cut and restore.
-
-    Clients give up quickly (one attempt per request, short timeouts, a 20 s deadline per storage call),
-    ``ResumableCheckpoint`` retries each upload twice more 0.3 s and 0.6 s later, and uploads go in 5 MiB parts.
-    Yields ``(proxy, bucket, s3 client)``, the client talking to the server directly (not through the proxy).
-    """
-    import boto3
-
-    monkeypatch.setattr(knobs, "STORAGE_ATTEMPTS", 3)
-    monkeypatch.setattr(knobs, "STORAGE_BACKOFF_S", 0.3)
-    monkeypatch.setattr(knobs, "UPLOAD_PART_BYTES", 5 * 2**20)
-    monkeypatch.setattr(knobs, "STORAGE_CALL_TIMEOUT_S", 20.0)  # a call stuck on a dead connection is retried soon
-    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
-    werkzeug_log = logging.getLogger("werkzeug")
-    werkzeug_level = werkzeug_log.level
-    werkzeug_log.setLevel(logging.WARNING)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    proxy = TcpProxy(server.get_host_and_port()[1])
-    try:
-        fast = {"connect_timeout": 1, "read_timeout": 5, "retries": {"max_attempts": 1, "mode": "standard"}}
-        _point_s3_at(monkeypatch, tmp_path, f"http://127.0.0.1:{proxy.port}", config_kwargs=fast)
-        bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
-        fsspec.filesystem("s3").mkdir(bucket)
-        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{server.get_host_and_port()[1]}")
-        yield proxy, bucket, client
-    finally:
-        proxy.close()
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.stop()
-        werkzeug_log.setLevel(werkzeug_level)
-
-
-def _fit_big(dirpath, max_steps, trainer_kwargs, callbacks=(), **checkpoint_kwargs):
+def _fit_big(dirpath, max_steps, trainer_kwargs, callbacks=(), strategy="auto", **checkpoint_kwargs):
     """A fit whose checkpoints weigh ~19 MB (4 upload parts of 5 MiB), saved every 2 steps."""
     recorder = _StepRecorder()
     checkpoint = ResumableCheckpoint(dirpath=dirpath, every_n_train_steps=2, keep_last_k=None, **checkpoint_kwargs)
@@ -244,6 +142,7 @@ def _fit_big(dirpath, max_steps, trainer_kwargs, callbacks=(), **checkpoint_kwar
         max_steps,
         model=big,
         datamodule=CharDataModule(batch_size=8),
+        strategy=strategy,
     )
     return checkpoint, recorder
 
@@ -395,3 +294,56 @@ def test_sharded_checkpoints_on_s3_auto_resume_bitwise_exact(s3_bucket, tiny_tra
     reference = fit(10, str(tmp_path / "reference"), tmp_path / "c")
     for name, tensor in reference.state_dict().items():
         assert torch.equal(resumed.state_dict()[name], tensor), name
+
+
+def test_an_outage_during_an_asynchronous_sharded_save_keeps_the_previous_checkpoint_and_leaves_no_upload_open(
+    s3_outage, tiny_trainer_kwargs
+):
+    """model_parallel's shards uploaded in the background, each through the store (5 MiB parts): the network is cut
+    in the middle of the step-4 save. It fails after its retries, is reported and never published; training goes
+    on, the next save lands once the network is back, and the failed save's open multipart upload is aborted."""
+    proxy, bucket, client = s3_outage
+    dirpath = f"s3://{bucket}/run"
+
+    def landed(trainer) -> None:
+        while next(cb for cb in trainer.callbacks if isinstance(cb, ResumableCheckpoint)).save_in_flight:
+            time.sleep(0.05)
+
+    def cut_once_the_step_2_save_landed(trainer) -> None:
+        landed(trainer)
+        proxy.cut_after(2 * 2**20)
+
+    def restore_once_the_step_4_save_gave_up(trainer) -> None:
+        landed(trainer)
+        proxy.restore()
+
+    callbacks = [AtStep(4, cut_once_the_step_2_save_landed), AtStep(6, restore_once_the_step_4_save_gave_up)]
+    with pytest.warns(UserWarning, match=r"background save of checkpoint epoch=0-step=4\.ckpt .* failed"):
+        checkpoint, recorder = _fit_big(
+            dirpath, 8, tiny_trainer_kwargs, callbacks=callbacks, strategy=ModelParallelStrategy(), async_save=True
+        )
+    assert recorder.steps == list(range(1, 9)) and checkpoint.failed_saves == 1
+    assert _published_steps(dirpath) == [2, 6, 8]
+    manifest = read_manifest(CheckpointStore(dirpath), "epoch=0-step=8.ckpt")
+    assert manifest.files is not None and manifest.files["__0_0.distcp"][0] > 10 * 2**20  # sent as parts
+    _assert_nothing_half_written(dirpath, client, bucket)
+
+
+def test_model_parallel_single_files_written_in_the_background_to_s3_resume(s3_bucket, tiny_trainer_kwargs, tmp_path):
+    """The full state gathered on rank 0 (save_distributed_checkpoint=False), saved asynchronously to S3: the same
+    fit with more steps resumes from it (Lightning's model-parallel loader reads local paths only)."""
+    dirpath = f"s3://{s3_bucket}/run"
+
+    def fit(max_steps: int):
+        recorder = _StepRecorder()
+        checkpoint = ResumableCheckpoint(dirpath=dirpath, every_n_train_steps=2, async_save=True)
+        strategy = ModelParallelStrategy(save_distributed_checkpoint=False)
+        fitting.fit([checkpoint, recorder], tiny_trainer_kwargs, max_steps, strategy=strategy)
+        return recorder
+
+    fit(4)
+    assert (
+        _published_steps(dirpath) == [2, 4]
+        and read_manifest(CheckpointStore(dirpath), "epoch=0-step=4.ckpt").files is None
+    )
+    assert fit(6).steps == [5, 6]

@@ -17,4 +17,8 @@ def test_the_wrapped_private_members_import_and_behave_as_used(tmp_path):
     loaded: dict = {}
     internals.load_state_dict_in_one_process(loaded, dcp.FileSystemReader(str(tmp_path)))
     assert torch.equal(loaded["w"], state["w"])
-    assert callable(internals.compress_hook) and internals.FsspecReader and internals.FsspecWriter
+    assert callable(internals.compress_hook) and internals.FsspecReader
+    writer = dcp.FileSystemWriter(str(tmp_path / "unused"))
+    files = dcp.FileSystemWriter(str(tmp_path)).fs
+    assert internals.files_through(writer, files, "elsewhere") is writer
+    assert writer.fs is files and writer.path == "elsewhere"  # the attributes DCP's writer reads its files through

@@ -1,29 +1,38 @@
-"""The Trainer's ``CheckpointIO`` as ``ResumableCheckpoint`` uses it: a user's plugin writes each single-file
-checkpoint, and sharded directories load on strategies whose own loader reads single files only."""
+"""How the Trainer reads and writes checkpoints as ``ResumableCheckpoint`` uses it: a user's ``CheckpointIO`` plugin
+writes each single-file checkpoint, sharded directories load on strategies whose own loader reads single files only,
+and ``ModelParallelStrategy`` loads from any fsspec URL (Lightning's loader takes local paths)."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning.fabric.plugins.io import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
-from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_scale.checkpoint.sharded import is_sharded_checkpoint, load_sharded
+from lightning_scale.checkpoint.sharded import is_sharded_checkpoint, load_into_sharded_model, load_sharded
+from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.errors import ConfigurationError
+from lightning_scale.parallel.data.zero import whole_state_dict
 
-__all__ = ["ShardedAwareCheckpointIO", "plugin_save_file"]
+__all__ = ["ShardedAwareCheckpointIO", "load_from_any_storage", "plugin_save_file"]
 
 
 class ShardedAwareCheckpointIO(CheckpointIO):
     """Lightning ``CheckpointIO`` that loads sharded directories with :func:`load_sharded` and delegates everything
-    else to the ``CheckpointIO`` it wraps; set on DDP-like strategies, whose own loader reads single files only."""
+    else to the ``CheckpointIO`` it wraps; set on DDP-like strategies, whose own loader reads single files only.
 
-    def __init__(self, inner: CheckpointIO) -> None:
+    ``merge_zero_shares``: merge the per-rank shares of a ZeRO-1 optimizer state into one state dict, for strategies
+    that do not (``data_parallel`` takes only its own share when it can)."""
+
+    def __init__(self, inner: CheckpointIO, merge_zero_shares: bool) -> None:
         self.inner = inner
+        self.merge_zero_shares = merge_zero_shares
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         self.inner.save_checkpoint(checkpoint, path, storage_options)
@@ -32,7 +41,10 @@ class ShardedAwareCheckpointIO(CheckpointIO):
         self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
         if is_sharded_checkpoint(str(path)):
-            return load_sharded(str(path), weights_only=weights_only)
+            checkpoint = load_sharded(str(path), weights_only=weights_only)
+            if self.merge_zero_shares:
+                checkpoint["optimizer_states"] = [whole_state_dict(s) for s in checkpoint.get("optimizer_states", [])]
+            return checkpoint
         return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path: str | Path) -> None:
@@ -64,3 +76,33 @@ def plugin_save_file(strategy: Strategy, sharded: bool) -> Callable[[dict[str, A
             "(strategies that shard the state need save_distributed_checkpoint=False too)."
         )
     return lambda checkpoint, url: plugin.save_checkpoint(checkpoint, url)
+
+
+def load_from_any_storage(strategy: ModelParallelStrategy) -> None:
+    """Make ``strategy.load_checkpoint`` read checkpoints from any fsspec URL as well as local paths.
+
+    A sharded directory loads on every rank straight into the sharded model, each rank reading the parts of the
+    files its shards need (:func:`load_into_sharded_model`; any world size). A single file (written with
+    ``save_distributed_checkpoint=False``) on an object store is copied to a local temporary file for Lightning's
+    loader, which reads the full state on every rank anyway. Idempotent.
+    """
+    lightning_load = type(strategy).load_checkpoint
+    if getattr(strategy.load_checkpoint, "from_any_storage", False):
+        return
+
+    def load_checkpoint(checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+        path = str(strategy.broadcast(str(checkpoint_path)))
+        if is_sharded_checkpoint(path):
+            module, model = strategy.lightning_module, strategy.model
+            assert model is not None and module is not None
+            return load_into_sharded_model(path, model, strategy.optimizers, module.strict_loading, weights_only)
+        store = CheckpointStore(path)
+        if store.is_local:
+            return lightning_load(strategy, path, weights_only)
+        with tempfile.TemporaryDirectory(prefix="lightning-scale-load-") as local:
+            copy = os.path.join(local, "checkpoint.ckpt")
+            store.fs.get(store.root, copy)
+            return lightning_load(strategy, copy, weights_only)
+
+    load_checkpoint.from_any_storage = True  # type: ignore[attr-defined]
+    strategy.load_checkpoint = load_checkpoint  # type: ignore[method-assign]

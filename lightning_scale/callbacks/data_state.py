@@ -27,6 +27,7 @@ from lightning_scale._lightning_internals import (
     train_loaders,
 )
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.checkpoint.rank_local import per_rank
 from lightning_scale.data.resumable_loader import make_resumable, run_seed
 from lightning_scale.data.worker_start import WorkerStartWatchdog
 from lightning_scale.errors import ConfigurationError
@@ -44,9 +45,11 @@ class DataStateCheckpoint(Callback):
 
     Stock Lightning stores one loader state, written by rank 0, which every rank loads; it saves no RNG state and
     does not restore the sampler's epoch before the resumed iterator draws indices. This callback, at every
-    checkpoint, gathers from each rank the ``state_dict()`` of its training ``StatefulDataLoader``\\ (s), the
+    checkpoint, takes from each rank the ``state_dict()`` of its training ``StatefulDataLoader``\\ (s), the
     generators of its loaders and samplers, its epoch position and its RNG states (Python, NumPy, torch CPU and
-    CUDA), and stores them as ``{"version": 1, "world_size": W, "rank_0": ..., ...}``. On resume each rank gets its
+    CUDA), and stores them as ``{"version": 1, "world_size": W, "ranks": [...]}`` (gathered on rank 0 for a single-file
+    checkpoint; in a sharded one each rank writes its own, see :mod:`lightning_scale.checkpoint.rank_local`;
+    ``"rank_0"``, ``"rank_1"``, ... keys of earlier releases are read too). On resume each rank gets its
     own entry back, at the moments an uninterrupted run would have had it:
 
     - the sampler's epoch and the loader's position before the training iterator is created;
@@ -134,10 +137,8 @@ class DataStateCheckpoint(Callback):
     def state_dict(self) -> dict[str, Any]:
         if self._trainer is None:
             return {}
-        gathered = distributed.gather_object(self._local_state(self._trainer))  # rank 0 writes the checkpoint
-        state: dict[str, Any] = {"version": STATE_VERSION, "world_size": distributed.world_size()}
-        state.update({f"rank_{r}": rank_state for r, rank_state in enumerate(gathered or [])})
-        return state
+        ranks = per_rank(self._local_state(self._trainer))  # gathered for rank 0's file; kept by each rank's shard
+        return {"version": STATE_VERSION, "world_size": distributed.world_size(), "ranks": ranks}
 
     @override
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
@@ -150,13 +151,14 @@ class DataStateCheckpoint(Callback):
             return  # validate/test/predict restore callbacks too; data positions matter only to fit
         check_state_version(state_dict, "DataStateCheckpoint", missing=None)
         saved_world, world = state_dict["world_size"], distributed.world_size()
+        ranks = state_dict.get("ranks") or [state_dict[f"rank_{r}"] for r in range(saved_world)]  # or the old layout
         if saved_world == world:
-            self._pending = dict(state_dict[f"rank_{distributed.rank()}"])
+            self._pending = dict(ranks[distributed.rank()])
             self._drawn_seed = self._pending.get("drawn_seed")
             if not self._pending["loaders"]:  # saved before training loaders existed (the Tuner's checkpoint)
                 self._pending["loaders"] = None
             return
-        rank0 = state_dict["rank_0"]
+        rank0 = ranks[0]
         if not rank0["end_of_epoch"]:
             raise ConfigurationError(
                 f"The checkpoint was written by {saved_world} processes in the middle of epoch {rank0['epoch']} "

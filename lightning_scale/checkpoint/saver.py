@@ -2,7 +2,8 @@
 
 - :class:`FileSaver`: one file, built on every rank (the state is gathered), written and published by rank 0;
   through a local cache that absorbs the write, the upload to the checkpoint directory runs on rank 0's writer thread.
-- :class:`ShardedSaver`: a directory that every rank writes its shards into; rank 0 publishes the manifest.
+- :class:`ShardedSaver`: a directory that every rank writes its shards (and its own per-rank values) into; rank 0
+  publishes the manifest.
 - :class:`BackgroundSaver` (``async_save``): training waits while the state is built and copied to host memory; the
   writing ranks write it on their writer thread, at most one state in flight. Sharded, the writer threads' collectives
   run over a process group of their own.
@@ -13,6 +14,7 @@ then writes directly. No Lightning here: the caller builds the state, names the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -20,6 +22,7 @@ from typing import Any
 
 from lightning_scale import distributed
 from lightning_scale.checkpoint.background import BackgroundWriter, HostStager, WriteResult
+from lightning_scale.checkpoint.rank_local import rank_local_values
 from lightning_scale.checkpoint.rank_zero import on_storage
 from lightning_scale.checkpoint.store import CheckpointStorageError
 from lightning_scale.checkpoint.writer import CheckpointWriter
@@ -132,7 +135,8 @@ class ShardedSaver(Saver):
 
     def save(self, request: SaveRequest, synchronous: bool) -> bool:
         started = self.hooks.clock()
-        checkpoint = request.state()
+        with rank_local_values():  # each rank writes its own
+            checkpoint = request.state()
         try:
             self.files.write_sharded(checkpoint, request.name, request.fields(checkpoint), self.native, group=None)
         except Exception as err:  # raised on every rank alike
@@ -167,7 +171,8 @@ class BackgroundSaver(Saver):
         started = self.hooks.clock()
         if self._staged is None or self._staged[0] != request.step:
             self.finish()  # at most one state in flight
-            checkpoint = request.state()
+            with rank_local_values() if self.sharded else contextlib.nullcontext():
+                checkpoint = request.state()
             writes = self.sharded or distributed.rank() == 0
             self._staged = (request.step, self._stager.copy(checkpoint) if writes else None, request.fields(checkpoint))
         _, staged, fields = self._staged
@@ -188,7 +193,8 @@ class BackgroundSaver(Saver):
     def _write(self, staged: dict[str, Any], name: str, fields: dict[str, Any], started: float) -> None:
         try:
             if self.sharded:
-                self.files.write_sharded(staged, name, fields, native=False, group=self.group)
+                assert isinstance(self.direct, ShardedSaver)
+                self.files.write_sharded(staged, name, fields, native=self.direct.native, group=self.group)
             else:
                 self.files.write(staged, name, fields)
                 if self.files.cache is not None:

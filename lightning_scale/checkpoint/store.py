@@ -213,7 +213,8 @@ class CheckpointStore:
                 self.write_with(name, lambda handle: shutil.copyfileobj(source, handle, 16 * 2**20))
             return
         size = os.path.getsize(local_path)
-        self._upload(name, lambda: self._call("put_file", local_path, self.path(name), upload_bytes=size))
+        options = self._upload_options("put_file")
+        self._upload(name, lambda: self._call("put_file", local_path, self.path(name), upload_bytes=size, **options))
 
     def _upload(self, name: str, attempt: Callable[[], Any]) -> None:
         """``attempt()`` the upload of ``name``, retried whole. A failed attempt can leave its multipart upload open,
@@ -237,9 +238,9 @@ class CheckpointStore:
             except Exception as err:  # the checkpoint landed; a leftover is worth a warning, not a failed save
                 log.warning(f"Could not abort the failed upload of {name} ({type(err).__name__}: {err}).")
 
-    def _upload_options(self) -> dict[str, Any]:
-        pipe = getattr(self.fs, "_pipe_file", self.fs.pipe_file)
-        takes_parts = "chunksize" in inspect.signature(pipe).parameters
+    def _upload_options(self, method: str = "pipe_file") -> dict[str, Any]:
+        upload = getattr(self.fs, f"_{method}", getattr(self.fs, method))
+        takes_parts = "chunksize" in inspect.signature(upload).parameters
         return {"chunksize": knobs.UPLOAD_PART_BYTES} if takes_parts else {}
 
     def publish(self, temporary: str, name: str) -> None:
@@ -264,8 +265,10 @@ class CheckpointStore:
 
         with_retries(rename, f"Renaming {temporary} to {name}")
 
-    def abort_unfinished_uploads(self, suffix: str) -> list[str]:
-        """Abort the multipart uploads still open for files of this directory named ``*suffix``; return their names.
+    def abort_unfinished_uploads(self, suffix: str, in_subdirectories: bool = False) -> list[str]:
+        """Abort the multipart uploads still open for files of this directory named ``*suffix`` (and, with
+        ``in_subdirectories``, for every file below its subdirectories: the files of sharded checkpoints); return
+        their names relative to this directory.
 
         An upload that fails while the store is unreachable cannot abort itself, and S3 keeps (and bills) its parts
         until someone does. Only filesystems with multipart uploads (s3fs) have any; elsewhere this returns ``[]``.
@@ -276,10 +279,12 @@ class CheckpointStore:
         bucket, _, prefix = self.root.strip("/").partition("/")
         aborted = []
         for upload in list_uploads(bucket):
-            directory, _, name = str(upload["Key"]).rpartition("/")
-            if directory == prefix and name.endswith(suffix):
-                abort(bucket, upload["Key"], upload["UploadId"])
-                aborted.append(name)
+            key = str(upload["Key"])
+            directory, _, name = key.rpartition("/")
+            below = in_subdirectories and directory.startswith(f"{prefix}/" if prefix else "")
+            if (directory == prefix and name.endswith(suffix)) or (below and directory != prefix):
+                abort(bucket, key, upload["UploadId"])
+                aborted.append(key[len(prefix) + 1 :] if prefix else key)
         return aborted
 
     def remove(self, name: str) -> None:

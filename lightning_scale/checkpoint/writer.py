@@ -68,12 +68,13 @@ class CheckpointWriter:
         self._write_failed = False
 
     def remove_partial_files(self) -> None:
-        """Remove what unfinished saves left: ``*.partial`` files and open multipart uploads."""
+        """Remove what unfinished saves left: ``*.partial`` files and open multipart uploads (of single files, and of
+        the files of sharded checkpoints: a published one has none open)."""
         for store in self._stores():
             for name in store.names():
                 if name.endswith(PARTIAL_SUFFIX):  # a save that never finished; never a checkpoint
                     store.remove(name)
-        self.store.abort_unfinished_uploads(PARTIAL_SUFFIX)
+        self.store.abort_unfinished_uploads(PARTIAL_SUFFIX, in_subdirectories=True)
         self._write_failed = False
 
     def write(self, checkpoint: dict[str, Any], name: str, fields: dict[str, Any]) -> None:
@@ -114,14 +115,18 @@ class CheckpointWriter:
     ) -> None:
         """Every rank of ``group``: write its shards of ``checkpoint`` into the directory ``name``, hash them, and (rank
         0) publish the manifest of all files; raises on every rank if any failed, after rank 0 removed the unfinished
-        directory. ``native``: the state dict holds the strategy's own shards."""
+        directory and aborted its open uploads (when the store is unreachable, the next publication or start does).
+        ``native``: the state dict holds the strategy's own shards."""
         try:
             aside = distributed.on_rank_zero(lambda: prepare_directory(self.store, name), group)
             files = save_sharded(checkpoint, self.store, name, native, group)
             digests = file_digests(self.store, name, files, group)
             distributed.on_rank_zero(lambda: self._publish_directory(name, digests, aside, fields), group)
         except Exception:
+            self._write_failed = True
             if distributed.rank() == 0:
+                with contextlib.suppress(Exception):
+                    CheckpointStore(self.store.url(name)).abort_unfinished_uploads("")
                 with contextlib.suppress(Exception):
                     self.store.remove(name)
             raise
@@ -137,6 +142,10 @@ class CheckpointWriter:
     ) -> None:
         publish_directory(self.store, name, digests, aside, **fields)
         self._retain()
+        if self._write_failed:  # every rank's part of this one landed: what is still open is a failed save's
+            with contextlib.suppress(Exception):
+                self.store.abort_unfinished_uploads(PARTIAL_SUFFIX, in_subdirectories=True)
+                self._write_failed = False
 
     def _stores(self) -> list[CheckpointStore]:
         return [self.store] if self.cache is None else [self.store, self.cache]

@@ -13,15 +13,20 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_scale import distributed
+from lightning_scale.checkpoint.rank_local import per_rank, saving_per_rank
 from lightning_scale.errors import ConfigurationError
 from lightning_scale.parallel.data import (
     COMPRESSIONS,
+    SHARDS_KEY,
     Compression,
     CompressionHook,
     PowerSGDHook,
     check_powersgd_settings,
     compression_hook,
+    own_share,
     shard_optimizer,
+    sharded_state_dict,
+    whole_state_dict,
 )
 
 __all__ = ["DataParallelStrategy"]
@@ -35,8 +40,10 @@ class DataParallelStrategy(DDPStrategy):
     Lightning's ``DDPStrategy`` (same arguments), plus:
 
     - ``zero_stage=1``: the optimizer state is sharded across the ranks (torch's ``ZeroRedundancyOptimizer`` around
-      the optimizer ``configure_optimizers`` returns; LR schedulers follow it). Checkpoints hold the consolidated
-      state, so they resume on another world size, with or without ZeRO.
+      the optimizer ``configure_optimizers`` returns; LR schedulers follow it). In sharded checkpoints (the default
+      with ``ResumableCheckpoint``) each rank saves its own share, with no collective; single files hold the state
+      consolidated on rank 0. Either resumes on another world size, with or without ZeRO (the shares are merged
+      while loading; on the same world size each rank reads its own only).
     - ``grad_compression``: ``fp16`` or ``bf16`` (gradients all-reduced in half precision, on gloo too) or
       ``powersgd`` (low-rank, error feedback; its state is saved with the optimizer state so resume is exact on the
       same world size), registered on the DDP module on CPU and GPU alike (Lightning's ``ddp_comm_hook`` argument
@@ -130,16 +137,21 @@ class DataParallelStrategy(DDPStrategy):
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        state: dict[str, Any] = super().optimizer_state(optimizer)  # ZeRO: consolidated on rank 0 (a collective)
+        unwrapped = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+        state: dict[str, Any]
+        if self.zero_stage == 1 and saving_per_rank():  # each rank writes its own share: no collective
+            state = sharded_state_dict(unwrapped, per_rank(own_share(unwrapped)))  # type: ignore[arg-type]
+        else:
+            state = super().optimizer_state(optimizer)  # ZeRO: consolidated on rank 0 (a collective)
         powersgd = self._powersgd()
         if powersgd is not None and self._is_first(optimizer):
-            ranks = distributed.gather_object(powersgd.state_dict())  # on rank 0, which writes; it differs per rank
+            ranks = per_rank(powersgd.state_dict())  # it differs per rank
             state = {**state, _HOOK_STATE_KEY: {"world_size": self.world_size, "ranks": ranks}}
         return state
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
-        states = [dict(state) for state in checkpoint["optimizer_states"]]
+        states = [self._whole(dict(state)) for state in checkpoint["optimizer_states"]]
         saved = states[0].pop(_HOOK_STATE_KEY, None) if states else None
         powersgd = self._powersgd()
         if saved is not None and powersgd is not None:
@@ -151,6 +163,13 @@ class DataParallelStrategy(DDPStrategy):
                     f"{self.world_size}: compression restarts from fresh state, so this resume is not exact."
                 )
         super().load_optimizer_state_dict({**checkpoint, "optimizer_states": states})
+
+    def _whole(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The consolidated optimizer state of each rank's saved share; under ZeRO on the saving world size, this
+        rank's share is all it keeps (and all it reads)."""
+        shares = state.get(SHARDS_KEY)
+        same_partition = shares is not None and self.zero_stage == 1 and len(shares) == self.world_size
+        return whole_state_dict(state, only_rank=self.global_rank if same_partition else None)
 
     def _powersgd(self) -> PowerSGDHook | None:
         return self._hook.powersgd if self._hook is not None else None

@@ -73,6 +73,8 @@ class JobConfig:
         checkpoint: ``"resumable"``: ``ResumableCheckpoint`` with auto-resume; ``"stock"``: Lightning's
             ``ModelCheckpoint`` and ``ckpt_path="last"``.
         checkpoint_kwargs: Extra ``ResumableCheckpoint`` arguments.
+        checkpoint_dirpath: The checkpoint directory, a path or fsspec URL (default: ``CHECKPOINTS`` in the job's
+            directory).
         trainer_kwargs: Extra ``Trainer`` arguments.
         trace_params: Record a digest of every parameter at every step.
         interrupt_at: A fresh attempt stops after the checkpoint at this step is durable, writes ``MARKER`` and
@@ -102,6 +104,7 @@ class JobConfig:
     distributed: bool | None = None
     checkpoint: Literal["resumable", "stock"] = "resumable"
     checkpoint_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    checkpoint_dirpath: str | None = None
     trainer_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     trace_params: bool = True
     interrupt_at: int | None = None

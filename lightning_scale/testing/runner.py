@@ -183,7 +183,7 @@ def _spot_preemption(notices: CloudNotices) -> SpotPreemption:
     return SpotPreemption(sources=sources)
 
 
-def _checkpoint(config: JobConfig, ckpt_dir: Path) -> ModelCheckpoint:
+def _checkpoint(config: JobConfig, ckpt_dir: str) -> ModelCheckpoint:
     every = config.checkpoint_every
     if config.checkpoint == "stock":
         return ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=every, save_top_k=-1, save_last=True)
@@ -194,7 +194,7 @@ def _checkpoint(config: JobConfig, ckpt_dir: Path) -> ModelCheckpoint:
 
 def _callbacks(config: JobConfig, out_dir: Path) -> list[Callback]:
     """Every callback of the job, in order: the clock first, the tracer before the checkpoint."""
-    ckpt_dir = out_dir / CHECKPOINTS
+    ckpt_dir = config.checkpoint_dirpath or str(out_dir / CHECKPOINTS)
     callbacks: list[Callback] = [
         *_cost_callbacks(config),
         _Tracer(out_dir, config.trace_params),
@@ -205,7 +205,7 @@ def _callbacks(config: JobConfig, out_dir: Path) -> list[Callback]:
         callbacks.append(ModelCheckpoint(dirpath=out_dir / "best", monitor=config.monitor, save_top_k=1))
     if config.interrupt_at is not None:
         stock = config.checkpoint == "stock"
-        callbacks.append(_BlockAfterCheckpoint(config.interrupt_at, str(ckpt_dir), str(out_dir / MARKER), stock))
+        callbacks.append(_BlockAfterCheckpoint(config.interrupt_at, ckpt_dir, str(out_dir / MARKER), stock))
     if config.spot_preemption is not None:
         callbacks.append(_spot_preemption(config.spot_preemption))
     if config.divergence_rollback is not None:

@@ -62,7 +62,7 @@ def test_stores_per_rank_state_and_drops_lightnings_rank0_loader_state(tmp_path,
     assert "combined_loader" not in checkpoint["loops"]["fit_loop"]["state_dict"]
     state = checkpoint["callbacks"]["DataStateCheckpoint"]
     assert state["version"] == 1 and state["world_size"] == 1
-    rank0 = state["rank_0"]
+    rank0 = state["ranks"][0]
     assert (rank0["epoch"], rank0["end_of_epoch"], rank0["batches_consumed"]) == (0, False, 7)
     assert rank0["loaders"][0]["state"]["_num_yielded"] == 7  # the batch consumed, not one fetched ahead
     assert set(rank0["rng"]) >= {"python", "numpy", "torch"}
@@ -118,7 +118,7 @@ def test_loader_without_length_saves_the_consumed_batch_not_the_one_fetched_ahea
     assert stock["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["_num_yielded"] == 8  # one ahead
     fit_stream(tmp_path / "ours", tiny_trainer_kwargs, max_steps=7)
     ours = torch.load(tmp_path / "ours" / "epoch=0-step=7.ckpt", weights_only=True)
-    assert ours["callbacks"]["DataStateCheckpoint"]["rank_0"]["loaders"][0]["state"]["_num_yielded"] == 7
+    assert ours["callbacks"]["DataStateCheckpoint"]["ranks"][0]["loaders"][0]["state"]["_num_yielded"] == 7
 
 
 def test_loader_without_length_resumes_bitwise_exactly(tmp_path, tiny_trainer_kwargs):

@@ -3,6 +3,7 @@ corruption detected per file, and consolidation into one file."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from examples.char_transformer import CharDataModule, CharTransformer
@@ -10,6 +11,7 @@ from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore, consolidate_checkpoint, find_newest_valid
 from lightning_scale.checkpoint.manifest import read_manifest
 from tests import fitting
+from tests.fitting import FirstStep
 
 
 def fit(dirpath, trainer_kwargs, max_steps, **checkpoint_kwargs):
@@ -26,7 +28,7 @@ def test_a_sharded_checkpoint_is_a_directory_vouched_for_file_by_file(tmp_path, 
     store = CheckpointStore(str(tmp_path))
     assert [n for n in store.names() if n.endswith(".ckpt")] == ["epoch=0-step=10.ckpt", "epoch=0-step=15.ckpt"]
     manifest = read_manifest(store, "epoch=0-step=15.ckpt")
-    assert manifest.files is not None and {".metadata", "meta.pt", "__0_0.distcp"} <= set(manifest.files)
+    assert manifest.files is not None and {".metadata", "meta.pt", "__0_0.distcp", "rank_0.pt"} <= set(manifest.files)
     on_disk = {p.name: p.stat().st_size for p in (tmp_path / "epoch=0-step=15.ckpt").iterdir()}
     assert {name: size for name, (size, _) in manifest.files.items()} == on_disk
     assert manifest.size == sum(on_disk.values())
@@ -41,15 +43,30 @@ def test_sharded_auto_resume_is_bitwise_exact(tmp_path, tiny_trainer_kwargs):
         assert torch.equal(resumed.state_dict()[name], tensor), name
 
 
-def test_a_corrupted_shard_is_named_and_the_older_checkpoint_chosen(tmp_path, tiny_trainer_kwargs):
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda data: data[:100] + bytes([data[100] ^ 0xFF]) + data[101:], "does not match the manifest's sha256"),
+        (lambda data: data[: len(data) // 2], "has "),
+        (None, "is missing"),
+    ],
+    ids=["corrupted", "truncated", "missing"],
+)
+def test_a_damaged_shard_is_named_and_the_older_checkpoint_resumed(tmp_path, tiny_trainer_kwargs, damage, reason):
     fit(tmp_path, tiny_trainer_kwargs, max_steps=10, keep_last_k=None)
     shard = tmp_path / "epoch=0-step=10.ckpt" / "__0_0.distcp"
-    data = bytearray(shard.read_bytes())
-    data[100] ^= 0xFF
-    shard.write_bytes(bytes(data))
+    if damage is None:
+        shard.unlink()
+    else:
+        shard.write_bytes(damage(shard.read_bytes()))
     newest, skipped = find_newest_valid(CheckpointStore(str(tmp_path)))
     assert newest is not None and newest.name == "epoch=0-step=5.ckpt"
-    assert len(skipped) == 1 and "__0_0.distcp does not match the manifest's sha256" in skipped[0]
+    assert len(skipped) == 1 and f"__0_0.distcp {reason}" in skipped[0]
+    first = FirstStep()
+    with pytest.warns(UserWarning, match=r"__0_0\.distcp"):
+        fitting.fit([ResumableCheckpoint(dirpath=str(tmp_path), every_n_train_steps=5, sharded=True), first],
+                    tiny_trainer_kwargs, 12)  # fmt: skip
+    assert first.first_step == 5
 
 
 def test_consolidate_turns_a_sharded_checkpoint_into_one_file_that_loads_strictly(tmp_path, tiny_trainer_kwargs):

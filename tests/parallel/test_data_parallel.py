@@ -5,10 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_scale.checkpoint import CheckpointStore
+from lightning_scale.callbacks import ResumableCheckpoint
+from lightning_scale.checkpoint import CheckpointStore, consolidate_checkpoint
 from lightning_scale.checkpoint.manifest import read_manifest
+from lightning_scale.checkpoint.sharded import load_sharded
+from lightning_scale.parallel.data import SHARDS_KEY
 from lightning_scale.testing import assert_exact_resume
-from tests import factories
+from tests import factories, fitting
+from tests.fitting import FirstStep
 from tests.jobs import run_json_jobs
 from tests.parallel.helpers import STEPS, job_config, relative
 
@@ -55,20 +59,44 @@ def test_bf16_compression_runs_on_gloo_within_a_looser_tolerance(two_processes, 
     assert relative(bf16["losses"], stock_ddp["losses"]) <= 1e-3  # measured 3e-5: bf16 keeps 8 mantissa bits
 
 
-def test_zero_stage_1_with_powersgd_resumes_bitwise_equal_from_sharded_checkpoints(tmp_path):
-    """ZeRO's consolidated optimizer state and PowerSGD's error feedback, warm start and RNG survive a SIGKILL, saved
-    as sharded checkpoints: both ranks write shards (the replicated weights are split between them)."""
+def test_zero_stage_1_with_powersgd_resumes_bitwise_equal_from_per_rank_shares_that_also_resume_on_one_process(
+    tmp_path, tiny_trainer_kwargs
+):
+    """Sharded checkpoints by default under ZeRO-1: each rank writes its own share of the optimizer state, its
+    PowerSGD error feedback and its data position (``rank_<r>.pt``) with no consolidation. Killed and re-run on 2
+    processes: bitwise equal. The last one (an epoch's end) also resumes on one process without ZeRO or compression,
+    its shares merged while loading, exactly as the same checkpoint consolidated offline into one file."""
     report = assert_exact_resume(
         factories.model,
         factories.data_workers0,
-        steps=12,
+        steps=16,
         interrupt_at=6,
-        workdir=tmp_path,
-        trainer_kwargs={"limit_val_batches": 0},
+        checkpoint_every=2,
+        workdir=tmp_path / "runs",
+        trainer_kwargs={"limit_val_batches": 0, "limit_train_batches": 8},
         strategy="data_parallel",
         strategy_kwargs={"zero_stage": 1, "grad_compression": "powersgd", "powersgd_warmup_steps": 2},
-        checkpoint_kwargs={"sharded": True},
     )
-    store = CheckpointStore(str(report.workdir / "interrupted" / "checkpoints"))
-    files = read_manifest(store, "epoch=0-step=6.ckpt").files or {}
-    assert files["__0_0.distcp"][0] > 0 and files["__1_0.distcp"][0] > 0
+    directory = report.workdir / "interrupted" / "checkpoints"
+    files = read_manifest(CheckpointStore(str(directory)), "epoch=1-step=16.ckpt").files or {}
+    assert {"__0_0.distcp", "__1_0.distcp", "rank_0.pt", "rank_1.pt"} <= set(files)
+    saved = load_sharded(str(directory / "epoch=1-step=16.ckpt"))["optimizer_states"][0]
+    shares = [saved[SHARDS_KEY][rank] for rank in (0, 1)]
+    assert saved["state"] == {} and shares[0] and shares[1]  # nothing consolidated; each rank its own parameters
+    every_parameter = set(range(len(saved["param_groups"][0]["params"])))
+    assert not set(shares[0]) & set(shares[1]) and set(shares[0]) | set(shares[1]) == every_parameter
+
+    def one_more_step(**checkpoint) -> dict[str, torch.Tensor]:
+        first = FirstStep()
+        trainer = fitting.fit(
+            [ResumableCheckpoint(every_n_train_steps=100, **checkpoint), first], tiny_trainer_kwargs, 17,
+            model=factories.model, datamodule=factories.data_workers0(), limit_train_batches=8,
+        )  # fmt: skip
+        assert first.first_step == 16
+        return trainer.lightning_module.state_dict()
+
+    merged_while_loading = one_more_step(dirpath=str(directory))
+    (tmp_path / "one").mkdir()
+    consolidate_checkpoint(directory / "epoch=1-step=16.ckpt", tmp_path / "one" / "one.ckpt")
+    consolidated = one_more_step(dirpath=str(tmp_path / "one"))
+    assert all(torch.equal(merged_while_loading[name], tensor) for name, tensor in consolidated.items())

@@ -8,15 +8,26 @@ from lightning_scale.parallel.data.compression import (
     check_powersgd_settings,
     compression_hook,
 )
-from lightning_scale.parallel.data.zero import shard_optimizer, training_state_bytes
+from lightning_scale.parallel.data.zero import (
+    SHARDS_KEY,
+    own_share,
+    shard_optimizer,
+    sharded_state_dict,
+    training_state_bytes,
+    whole_state_dict,
+)
 
 __all__ = [
     "COMPRESSIONS",
+    "SHARDS_KEY",
     "Compression",
     "CompressionHook",
     "PowerSGDHook",
     "check_powersgd_settings",
     "compression_hook",
+    "own_share",
     "shard_optimizer",
+    "sharded_state_dict",
     "training_state_bytes",
+    "whole_state_dict",
 ]

@@ -1,12 +1,13 @@
 """ZeRO stage 1: each rank keeps the optimizer state of its share of the parameters (torch's
-``ZeroRedundancyOptimizer``), and the bytes a rank holds for training, counted from tensor sizes."""
+``ZeroRedundancyOptimizer``); the state of a sharded checkpoint, in which each rank saves its own share; and the bytes
+a rank holds for training, counted from tensor sizes."""
 
 from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -15,7 +16,17 @@ from torch.optim import Optimizer
 if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-__all__ = ["shard_optimizer", "training_state_bytes"]
+__all__ = [
+    "SHARDS_KEY",
+    "own_share",
+    "shard_optimizer",
+    "sharded_state_dict",
+    "training_state_bytes",
+    "whole_state_dict",
+]
+
+SHARDS_KEY = "lightning_scale_zero_shards"
+"""Key of a ZeRO optimizer's state dict, in a sharded checkpoint, that holds each rank's share of the state."""
 
 
 def _is_zero(optimizer: Optimizer) -> bool:
@@ -41,6 +52,43 @@ def shard_optimizer(optimizer: Optimizer) -> ZeroRedundancyOptimizer:
     accepted = inspect.signature(cls.__init__).parameters
     defaults = {name: value for name, value in optimizer.defaults.items() if name in accepted}
     return ZeroRedundancyOptimizer(optimizer.param_groups, optimizer_class=cls, **defaults)
+
+
+def sharded_state_dict(optimizer: ZeroRedundancyOptimizer, shards: Any) -> dict[str, Any]:
+    """The optimizer's state dict as each rank saves it without a collective: its parameter groups (hyperparameters,
+    every parameter's index), and under :data:`SHARDS_KEY` ``shards``, which the caller builds from this rank's share
+    :func:`own_share` (``per_rank``: one entry per rank). :func:`whole_state_dict` turns it into the consolidated
+    state dict ``ZeroRedundancyOptimizer.state_dict()`` would give, which any optimizer of the same parameters
+    loads."""
+    groups, start = [], 0
+    for group in optimizer.param_groups:
+        count = len(group["params"])
+        hyperparameters = {key: value for key, value in group.items() if key != "params"}
+        groups.append({**hyperparameters, "params": list(range(start, start + count))})
+        start += count
+    return {"state": {}, "param_groups": groups, SHARDS_KEY: shards}
+
+
+def own_share(optimizer: ZeroRedundancyOptimizer) -> dict[int, Any]:
+    """This rank's share of the optimizer state, keyed by each parameter's index in the whole optimizer (the
+    consolidated state dict's keys)."""
+    index = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    local = optimizer.optim
+    return {index[id(p)]: local.state[p] for group in local.param_groups for p in group["params"] if p in local.state}
+
+
+def whole_state_dict(state: dict[str, Any], only_rank: int | None = None) -> dict[str, Any]:
+    """The consolidated optimizer state dict of a :func:`sharded_state_dict` (other state dicts are returned as they
+    are). ``only_rank``: take that saving rank's share only (a ZeRO optimizer of the same world size needs no
+    other: the partition is the same)."""
+    if SHARDS_KEY not in state:
+        return state
+    shards: Sequence[dict[int, Any]] = state[SHARDS_KEY]
+    merged: dict[int, Any] = {}
+    for rank in range(len(shards)) if only_rank is None else [only_rank]:
+        merged.update(shards[rank])
+    whole = {key: value for key, value in state.items() if key != SHARDS_KEY}
+    return {**whole, "state": dict(sorted(merged.items()))}
 
 
 def _bytes(tensors: Iterable[torch.Tensor]) -> int:
