@@ -31,6 +31,7 @@ from lightning_scale.callbacks._checkpoint_format import choose_format, local_ca
 from lightning_scale.callbacks._checkpoint_io import plugin_save_file
 from lightning_scale.callbacks._checkpoint_lineage import RunLineage, reported
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks.hang_watchdog import HangWatchdog
 from lightning_scale.checkpoint.background import WriteResult
 from lightning_scale.checkpoint.cadence import SaveTimer
 from lightning_scale.checkpoint.rank_zero import on_storage
@@ -328,7 +329,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             state=lambda: dump_checkpoint(trainer, self.save_weights_only),  # on every rank
             fields=lambda checkpoint: self._lineage.manifest_fields(trainer, checkpoint),
         )
-        durable = self._saving.save(request, synchronous=self._synchronous)
+        with HangWatchdog.pausing(trainer, f"saving checkpoint {request.name}"):
+            durable = self._saving.save(request, synchronous=self._synchronous)
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         self.last_blocked_seconds = self._clock() - started

@@ -7,18 +7,14 @@ The watchdog turns that into a report with every stack and an exit code that an 
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
-import multiprocessing
 import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from lightning_scale.errors import ConfigurationError
+from lightning_scale.health.stacks import dump_stacks_on_sigusr2, report_stacks_and_stop_workers
 
 __all__ = ["STUCK_WORKERS_EXIT_CODE", "WorkerStartWatchdog"]
 
@@ -63,7 +59,7 @@ class WorkerStartWatchdog:
         with self._condition:
             self._deadline, self._what = time.monotonic() + self.timeout_s, what
             if self._thread is None:
-                _dump_stacks_on_sigusr2()
+                dump_stacks_on_sigusr2()
                 self._thread = threading.Thread(target=self._watch, name="worker-start-watchdog", daemon=True)
                 self._thread.start()
             self._condition.notify()
@@ -97,34 +93,9 @@ class WorkerStartWatchdog:
         self._report_and_exit()
 
     def _report_and_exit(self) -> None:
-        workers = multiprocessing.active_children()
-        print(
-            f"lightning-scale: {self._what}: no batch {self.timeout_s:.0f} s after its DataLoader workers started "
-            f"(worker pids {[w.pid for w in workers]}); a worker is stuck. Stacks follow; exiting with "
-            f"{STUCK_WORKERS_EXIT_CODE} so that the job is restarted (LIGHTNING_SCALE_WORKER_START_TIMEOUT_S sets "
-            "the bound).",
-            file=sys.stderr,
-            flush=True,
+        report_stacks_and_stop_workers(
+            f"lightning-scale: {self._what}: no batch {self.timeout_s:.0f} s after its DataLoader workers started",
+            f"a worker is stuck. Exiting with {STUCK_WORKERS_EXIT_CODE} so that the job is restarted "
+            "(LIGHTNING_SCALE_WORKER_START_TIMEOUT_S sets the bound)",
         )
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        for worker in workers:
-            if worker.pid is not None:
-                _signal(worker.pid, signal.SIGUSR2)
-                time.sleep(0.5)  # one process at a time in the log
-        for worker in workers:
-            if worker.pid is not None:
-                _signal(worker.pid, signal.SIGKILL)
-        sys.stderr.flush()
         self.exit_fn(STUCK_WORKERS_EXIT_CODE)
-
-
-def _signal(pid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
-
-
-def _dump_stacks_on_sigusr2() -> None:
-    """Let SIGUSR2 dump every thread's stack in this process and the workers it forks, when nothing else uses it."""
-    if signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None):
-        faulthandler.unregister(signal.SIGUSR2)  # an earlier registration keeps the stderr of its time
-        faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)

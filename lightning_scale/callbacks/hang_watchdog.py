@@ -1,0 +1,175 @@
+"""A hung rank exits so that the job is restarted: the Lightning glue of :mod:`lightning_scale.health.watchdog`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch import Callback
+from typing_extensions import override
+
+from lightning_scale._trainer_attributes import trainer_callbacks
+from lightning_scale.health.watchdog import HANG_EXIT_CODE, ProgressWatchdog, StepAllowance
+
+__all__ = ["HangWatchdog"]
+
+
+class HangWatchdog(Callback):
+    """End a rank that makes no progress, with its stacks in the log and exit code :data:`HANG_EXIT_CODE` (75), so
+    that torchrun (``--max-restarts``), SLURM or Kubernetes restart the job, which resumes from its newest valid
+    checkpoint.
+
+    Each rank watches its own progress from a thread that needs no collective (a frozen peer leaves the others
+    blocked in a collective: they stop making progress and exit, and the orchestrator restarts everyone). Progress is
+    every training and validation batch starting and ending. The allowance adapts to the step time measured:
+    ``step_factor`` times the slowest of the last 100 intervals between two marks, at least ``min_timeout_s``; the
+    phases whose length nothing predicts get ``startup_timeout_s``: set-up until the first batch, the first batch of
+    every epoch and of every validation (DataLoader workers starting, the first step's compilation), validation
+    batches, and the end of training. Checkpoint saves (``ResumableCheckpoint``'s and ``trainer.save_checkpoint``)
+    are not watched: their storage calls have deadlines of their own.
+
+    Args:
+        min_timeout_s: The shortest allowance between two training batches' marks.
+        step_factor: Allowance as a multiple of the slowest recent interval between marks.
+        startup_timeout_s: Allowance of the phases listed above.
+        timeout_s: A fixed allowance between training marks instead of the adaptive one.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> trainer = Trainer(callbacks=[HangWatchdog(min_timeout_s=120)], logger=False, enable_progress_bar=False)
+    """
+
+    def __init__(
+        self,
+        min_timeout_s: float = 300.0,
+        step_factor: float = 20.0,
+        startup_timeout_s: float = 1800.0,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.min_timeout_s = min_timeout_s
+        self.step_factor = step_factor
+        self.startup_timeout_s = startup_timeout_s
+        self.timeout_s = timeout_s
+        self.exit_fn: Callable[[int], Any] = os._exit
+        """Ends the process on a hang."""
+        self._clock: Callable[[], float] = time.monotonic
+        self._allowance = StepAllowance(min_timeout_s, step_factor, startup_timeout_s)  # checks the arguments
+        self._watchdog: ProgressWatchdog | None = None
+        self._last_mark: float | None = None  # when the last measurable mark was made (None after a startup phase)
+        self._trainer: pl.Trainer | None = None
+        self._unpatched_save: Callable[..., Any] | None = None
+
+    @staticmethod
+    @contextmanager
+    def pausing(trainer: pl.Trainer, what: str) -> Iterator[None]:
+        """Leave ``what`` (a checkpoint save) unwatched by the Trainer's ``HangWatchdog``, if it has one."""
+        watchdogs = [cb for cb in trainer_callbacks(trainer) if isinstance(cb, HangWatchdog)]
+        with watchdogs[0].paused(what) if watchdogs else contextlib.nullcontext():
+            yield
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        advice = (
+            "Tune it with HangWatchdog(min_timeout_s=..., step_factor=..., startup_timeout_s=...) "
+            "(lightning-scale: --hang.min_timeout_s ...), or --hang null to switch it off."
+        )
+        self._allowance = StepAllowance(self.min_timeout_s, self.step_factor, self.startup_timeout_s)
+        self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=self.exit_fn, clock=self._clock)
+        self._trainer = trainer
+        self._unpatched_save = trainer.save_checkpoint
+
+        def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+            with self.paused("saving a checkpoint (trainer.save_checkpoint)"):
+                assert self._unpatched_save is not None
+                return self._unpatched_save(*args, **kwargs)
+
+        trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+        self._startup("set-up, before the first training batch")
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._stop()
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._stop()
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._startup(f"epoch {trainer.current_epoch}, waiting for its first batch")
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._mark(f"training step {trainer.global_step + 1} (epoch {trainer.current_epoch}, batch {batch_idx})")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._mark(f"after training step {trainer.global_step} (callbacks, then the next batch)")
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._startup("validation, waiting for its first batch")
+
+    @override
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        self._startup(f"validation, after batch {batch_idx}")
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._startup("after validation")
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._startup("the end of training")
+
+    def _startup(self, phase: str) -> None:
+        """A phase whose length nothing measured predicts; the interval that ends it is not measured."""
+        if self._watchdog is not None:
+            self._watchdog.arm(phase, self.startup_timeout_s)
+            self._last_mark = None
+
+    def _mark(self, phase: str) -> None:
+        if self._watchdog is None:
+            return
+        now = self._clock()
+        if self._last_mark is not None:
+            self._allowance.measured(now - self._last_mark)
+        self._last_mark = now
+        allowance = self.timeout_s if self.timeout_s is not None else self._allowance.seconds()
+        self._watchdog.arm(phase, allowance)
+
+    @contextmanager
+    def paused(self, what: str) -> Iterator[None]:
+        """Leave ``what`` unwatched (outside ``fit``: nothing to do)."""
+        watchdog = self._watchdog
+        if watchdog is None:
+            yield
+            return
+        phase = watchdog.phase
+        watchdog.arm(what, None)
+        try:
+            yield
+        finally:
+            self._startup(f"{phase}, after {what}")  # the save's length is not a step's
+
+    def _stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
+        if self._trainer is not None and self._unpatched_save is not None:
+            self._trainer.save_checkpoint = self._unpatched_save  # type: ignore[method-assign]
+        self._trainer, self._unpatched_save = None, None

@@ -1,0 +1,72 @@
+"""HangWatchdog in a fit: a rank stuck in training_step exits 75 with its stacks; a slow step, a long validation and
+a long save of a healthy run do not."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from examples.char_transformer import CharTransformer
+from lightning_scale.callbacks import HangWatchdog, ResumableCheckpoint
+from tests import fitting
+
+
+class _Released(Exception):
+    """Ends a training_step that the test's watchdog released."""
+
+
+class StuckAtStep(CharTransformer):
+    stuck_step = 5
+    release = threading.Event()  # set by the test's watchdog
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step + 1 == self.stuck_step:
+            self.release.wait(30)  # stuck in user code until the watchdog fires
+            raise _Released
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_rank_stuck_in_training_step_exits_75_within_its_allowance_with_its_stacks(tiny_trainer_kwargs, capfd):
+    release, exits = StuckAtStep.release, []
+    release.clear()
+    watchdog = HangWatchdog(timeout_s=1.0, startup_timeout_s=20.0)
+    watchdog.exit_fn = lambda code: (exits.append(code), release.set())
+    started = time.monotonic()
+    with pytest.raises(_Released):
+        fitting.fit([watchdog], tiny_trainer_kwargs, 10, model=lambda: StuckAtStep(vocab_size=64),
+                    datamodule=fitting.CharDataModule(batch_size=8))  # fmt: skip
+    assert exits == [75] and time.monotonic() - started < 20
+    err = capfd.readouterr().err
+    assert "made no progress for 1 s in training step 5 (epoch 0, batch 4)" in err
+    assert "in training_step" in err  # the stuck thread's stack
+
+
+class SlowButHealthy(CharTransformer):
+    """A 1 s training step (50 times the others), validation batches of 0.8 s, and a save that takes 2.5 s."""
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step == 3:
+            time.sleep(1.0)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        time.sleep(0.8)
+        return super().validation_step(batch, batch_idx)
+
+    def on_save_checkpoint(self, checkpoint) -> None:
+        time.sleep(2.5)
+
+
+def test_a_slow_step_a_long_validation_and_a_long_save_of_a_healthy_run_are_not_killed(tiny_trainer_kwargs, tmp_path):
+    exits: list[int] = []
+    watchdog = HangWatchdog(min_timeout_s=2.0, step_factor=3.0, startup_timeout_s=5.0)
+    watchdog.exit_fn = exits.append
+    checkpoint = ResumableCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=4)
+    trainer = fitting.fit(
+        [watchdog, checkpoint], tiny_trainer_kwargs, 5,
+        model=lambda: SlowButHealthy(vocab_size=64), datamodule=fitting.CharDataModule(batch_size=8),
+        limit_val_batches=3, val_check_interval=5, num_sanity_val_steps=0,
+    )  # fmt: skip
+    assert trainer.global_step == 5 and exits == []  # validation (2.4 s) and the save (2.5 s) outlast min_timeout_s
