@@ -7,7 +7,7 @@ of every benchmark also rewrites the README's summary table (:func:`readme_block
 markers), which tests/test_readme.py checks against ``latest.json``.
 
     .venv/bin/python benchmarks/run.py            # the full suite (about 60 min on 2 cores)
-    .venv/bin/python benchmarks/run.py --quick    # a smoke run (under 3 min): small sizes, few repeats
+    .venv/bin/python benchmarks/run.py --quick    # a smoke run (under 4 min): small sizes, few repeats
     .venv/bin/python benchmarks/run.py --only callback_overhead    # re-measure one; its rows replace the last run's
 
 CPU only: no benchmark here has a CUDA/nccl variant yet (this project's machines have no GPU).
@@ -136,6 +136,26 @@ def data_loading_rows(result: dict) -> list[Row]:
     return rows
 
 
+def sharded_checkpoint_rows(result: dict) -> list[Row]:
+    sharded, zero = result["table"]["model_parallel"], result["table"]["zero1"]
+    full, own = sharded["memory"]["full_state_bytes"] / 1e6, sharded["memory"]["own_shard_bytes"] / 1e6
+    blocked, memory = [], []
+    for storage, where in (("local", "local disk"), ("s3", "S3")):
+        ratio = sharded[storage]["async_over_sync_blocked"]  # paired per round; the target holds for every round
+        blocked.append(row("sharded_checkpoint", f"blocked time per save, async / sync, model_parallel shards, "
+                           f"{full:.0f} MB, {where} (2 processes)", ratio["median"], _span(ratio), "x",
+                           f"≤ 0.1 (max {ratio['max']:.3f})", sharded[storage]["holds"]))  # fmt: skip
+        peak = max(sharded[storage][variant]["peak_rss_increase_bytes"] for variant in ("sync", "async")) / 1e6
+        label = f"rank-0 peak memory increase in a sharded save / its own shard ({own:.0f} of {full:.0f} MB), {where}"
+        memory.append(row("sharded_checkpoint", label, peak / own, None, "x"))
+    zero_rows = [
+        row("sharded_checkpoint", f"{measure}, ZeRO-1 per-rank shares / consolidated file",
+            zero[f"per_rank_over_consolidated_{key}"]["median"], _span(zero[f"per_rank_over_consolidated_{key}"]), "x")
+        for key, measure in (("save_s", "save time"), ("peak_rss_increase", "rank-0 peak memory increase in a save"))
+    ]  # fmt: skip
+    return blocked + memory + zero_rows
+
+
 BENCHMARKS: dict[str, Callable[[dict], list[Row]]] = {
     "data_parallel_step": data_parallel_rows,
     "callback_overhead": callback_overhead_rows,
@@ -146,6 +166,7 @@ BENCHMARKS: dict[str, Callable[[dict], list[Row]]] = {
     "checkpoint_cost": checkpoint_cost_rows,
     "cost_levers": cost_levers_rows,
     "data_loading": data_loading_rows,
+    "sharded_checkpoint": sharded_checkpoint_rows,
 }
 
 
@@ -178,7 +199,7 @@ def update_readme(latest: dict[str, Any], readme: Path = README) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="every benchmark's smoke mode (under 3 min)")
+    parser.add_argument("--quick", action="store_true", help="every benchmark's smoke mode (under 4 min)")
     parser.add_argument("--out", default=str(RESULTS / "latest.json"), help="where to write the summary JSON")
     parser.add_argument(
         "--only", nargs="*", choices=sorted(BENCHMARKS), help="run these only; their rows replace those in --out"
