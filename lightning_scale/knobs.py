@@ -15,6 +15,7 @@ __all__ = [
     "STORAGE_BACKOFF_S",
     "STORAGE_CALL_TIMEOUT_S",
     "STORAGE_MIN_UPLOAD_BYTES_PER_S",
+    "UPLOAD_CONCURRENCY",
     "UPLOAD_PART_BYTES",
     "WORKER_START_TIMEOUT_S",
 ]
@@ -61,6 +62,10 @@ STORAGE_MIN_UPLOAD_BYTES_PER_S = _float("STORAGE_MIN_UPLOAD_BYTES_PER_S", 8 * 10
 UPLOAD_PART_BYTES = _int("UPLOAD_PART_BYTES", 64 * 1024 * 1024)
 """Part size of multipart uploads to object stores that take one (s3fs): a checkpoint of at least two parts is sent
 as parts, concurrently, and a failed part is re-sent alone."""
+
+UPLOAD_CONCURRENCY = _int("UPLOAD_CONCURRENCY", 2)
+"""Parts of one upload in flight at once (s3fs): an upload holds about this many parts in memory (s3fs's own default,
+10 parts of 64 MiB, held a 252 MB shard twice over on every rank)."""
 
 PROGRESS_EVERY_S = _float("PROGRESS_EVERY_S", 10.0)
 """Shortest time between two writes of the progress marker that tells a restarted job how many steps it lost."""

@@ -45,7 +45,7 @@ def host_copy(obj: T, buffers: dict[int, torch.Tensor] | None = None) -> T:
             continue
         buffer = None if buffers is None else buffers.get(position)
         if buffer is not None and _fits(buffer, tensor):
-            buffer.copy_(tensor.detach())
+            _local(buffer).copy_(_local(tensor).detach())
         else:
             buffer = tensor.detach().to("cpu", copy=True)
         if buffers is not None:
@@ -54,14 +54,23 @@ def host_copy(obj: T, buffers: dict[int, torch.Tensor] | None = None) -> T:
     return copy.deepcopy(obj, memo)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself, or a DTensor's local shard (a view: copying into it fills the DTensor)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def _fits(buffer: torch.Tensor, tensor: torch.Tensor) -> bool:
-    return (
-        type(tensor) is torch.Tensor
-        and tensor.layout == torch.strided
-        and buffer.shape == tensor.shape
-        and buffer.dtype == tensor.dtype
-        and buffer.is_contiguous()
-    )
+    """Whether ``tensor`` can be copied into ``buffer``: the same kind, strided, the same local shape and dtype, and
+    for a DTensor (a sharded model's state) the same placements on the same mesh."""
+    if type(buffer) is not type(tensor) or tensor.layout != torch.strided:
+        return False
+    if hasattr(tensor, "to_local") and (
+        buffer.placements != tensor.placements or buffer.device_mesh != tensor.device_mesh  # type: ignore[attr-defined]
+    ):
+        return False
+    local, own = _local(buffer), _local(tensor)
+    same = local.shape == own.shape and local.dtype == own.dtype
+    return same and local.is_contiguous() and local.device.type == "cpu"
 
 
 class HostStager:
