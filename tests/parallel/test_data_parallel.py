@@ -69,18 +69,18 @@ def test_zero_stage_1_with_powersgd_resumes_bitwise_equal_from_per_rank_shares_t
     report = assert_exact_resume(
         factories.model,
         factories.data_workers0,
-        steps=16,
+        steps=8,
         interrupt_at=6,
         checkpoint_every=2,
         workdir=tmp_path / "runs",
-        trainer_kwargs={"limit_val_batches": 0, "limit_train_batches": 8},
+        trainer_kwargs={"limit_val_batches": 0, "limit_train_batches": 4},
         strategy="data_parallel",
         strategy_kwargs={"zero_stage": 1, "grad_compression": "powersgd", "powersgd_warmup_steps": 2},
     )
     directory = report.workdir / "interrupted" / "checkpoints"
-    files = read_manifest(CheckpointStore(str(directory)), "epoch=1-step=16.ckpt").files or {}
+    files = read_manifest(CheckpointStore(str(directory)), "epoch=1-step=8.ckpt").files or {}
     assert {"__0_0.distcp", "__1_0.distcp", "rank_0.pt", "rank_1.pt"} <= set(files)
-    saved = load_sharded(str(directory / "epoch=1-step=16.ckpt"))["optimizer_states"][0]
+    saved = load_sharded(str(directory / "epoch=1-step=8.ckpt"))["optimizer_states"][0]
     shares = [saved[SHARDS_KEY][rank] for rank in (0, 1)]
     assert saved["state"] == {} and shares[0] and shares[1]  # nothing consolidated; each rank its own parameters
     every_parameter = set(range(len(saved["param_groups"][0]["params"])))
@@ -89,14 +89,14 @@ def test_zero_stage_1_with_powersgd_resumes_bitwise_equal_from_per_rank_shares_t
     def one_more_step(**checkpoint) -> dict[str, torch.Tensor]:
         first = FirstStep()
         trainer = fitting.fit(
-            [ResumableCheckpoint(every_n_train_steps=100, **checkpoint), first], tiny_trainer_kwargs, 17,
-            model=factories.model, datamodule=factories.data_workers0(), limit_train_batches=8,
+            [ResumableCheckpoint(every_n_train_steps=100, **checkpoint), first], tiny_trainer_kwargs, 9,
+            model=factories.model, datamodule=factories.data_workers0(), limit_train_batches=4,
         )  # fmt: skip
-        assert first.first_step == 16
+        assert first.first_step == 8
         return trainer.lightning_module.state_dict()
 
     merged_while_loading = one_more_step(dirpath=str(directory))
     (tmp_path / "one").mkdir()
-    consolidate_checkpoint(directory / "epoch=1-step=16.ckpt", tmp_path / "one" / "one.ckpt")
+    consolidate_checkpoint(directory / "epoch=1-step=8.ckpt", tmp_path / "one" / "one.ckpt")
     consolidated = one_more_step(dirpath=str(tmp_path / "one"))
     assert all(torch.equal(merged_while_loading[name], tensor) for name, tensor in consolidated.items())
