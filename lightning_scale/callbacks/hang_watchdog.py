@@ -77,8 +77,10 @@ class HangWatchdog(Callback):
         if stage != "fit":
             return
         advice = (
-            "Tune it with HangWatchdog(min_timeout_s=..., step_factor=..., startup_timeout_s=...) "
-            "(lightning-scale: --hang.min_timeout_s ...), or --hang null to switch it off."
+            f"it is hung (or far slower than its allowance). Exiting with {HANG_EXIT_CODE} so that the job is "
+            "restarted from its newest valid checkpoint. Tune it with HangWatchdog(min_timeout_s=..., "
+            "step_factor=..., startup_timeout_s=...) (lightning-scale: --hang.min_timeout_s ...), or --hang null to "
+            "switch it off."
         )
         self._allowance = StepAllowance(self.min_timeout_s, self.step_factor, self.startup_timeout_s)
         self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=self.exit_fn, clock=self._clock)

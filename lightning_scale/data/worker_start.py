@@ -8,13 +8,11 @@ The watchdog turns that into a report with every stack and an exit code that an 
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.health.stacks import dump_stacks_on_sigusr2, report_stacks_and_stop_workers
+from lightning_scale.health.watchdog import ProgressWatchdog
 
 __all__ = ["STUCK_WORKERS_EXIT_CODE", "WorkerStartWatchdog"]
 
@@ -47,55 +45,24 @@ class WorkerStartWatchdog:
                 f"timeout_s={timeout_s} must be > 0 (seconds for DataLoader workers to deliver a batch)."
             )
         self.timeout_s = timeout_s
-        self.exit_fn = exit_fn
-        self._condition = threading.Condition()
-        self._deadline: float | None = None
-        self._what = ""
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        self._watchdog = ProgressWatchdog(
+            STUCK_WORKERS_EXIT_CODE,
+            advice=f"a worker is stuck. Exiting with {STUCK_WORKERS_EXIT_CODE} so that the job is restarted "
+            "(LIGHTNING_SCALE_WORKER_START_TIMEOUT_S sets the bound)",
+            exit_fn=exit_fn,
+            describe=lambda what, _: (
+                f"lightning-scale: {what}: no batch {timeout_s:.0f} s after its DataLoader workers started"
+            ),
+        )
 
     def arm(self, what: str) -> None:
         """Start waiting for the first batch of ``what`` (a wait already running starts again)."""
-        with self._condition:
-            self._deadline, self._what = time.monotonic() + self.timeout_s, what
-            if self._thread is None:
-                dump_stacks_on_sigusr2()
-                self._thread = threading.Thread(target=self._watch, name="worker-start-watchdog", daemon=True)
-                self._thread.start()
-            self._condition.notify()
+        self._watchdog.arm(what, self.timeout_s)
 
     def disarm(self) -> None:
         """A batch arrived."""
-        with self._condition:
-            self._deadline = None
+        self._watchdog.arm(self._watchdog.phase, None)
 
     def close(self) -> None:
         """Stop the thread; safe to call twice."""
-        with self._condition:
-            self._closed, self._deadline = True, None
-            self._condition.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        self._thread = None
-        self._closed = False
-
-    def _watch(self) -> None:
-        with self._condition:
-            while not self._closed:
-                if self._deadline is None:
-                    self._condition.wait()
-                elif (left := self._deadline - time.monotonic()) > 0:
-                    self._condition.wait(left)
-                else:
-                    break
-            if self._closed:
-                return
-        self._report_and_exit()
-
-    def _report_and_exit(self) -> None:
-        report_stacks_and_stop_workers(
-            f"lightning-scale: {self._what}: no batch {self.timeout_s:.0f} s after its DataLoader workers started",
-            f"a worker is stuck. Exiting with {STUCK_WORKERS_EXIT_CODE} so that the job is restarted "
-            "(LIGHTNING_SCALE_WORKER_START_TIMEOUT_S sets the bound)",
-        )
-        self.exit_fn(STUCK_WORKERS_EXIT_CODE)
+        self._watchdog.close()

@@ -27,7 +27,7 @@ def report_stacks_and_stop_workers(what: str, advice: str) -> None:
     and kill the children."""
     workers = multiprocessing.active_children()
     pids = [w.pid for w in workers]
-    print(f"{what} (worker pids {pids}); {advice}. Stacks follow.", file=sys.stderr, flush=True)
+    print(f"{what} (worker pids {pids}); {advice.rstrip('.')}. Stacks follow.", file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     for worker in workers:
         if worker.pid is not None:

@@ -64,15 +64,17 @@ class ProgressWatchdog:
     """A daemon thread that ends the process when the current phase has made no progress by its deadline.
 
     :meth:`arm` names the phase and its allowance (``None``: not watched, e.g. while a checkpoint is written, whose
-    storage calls have deadlines of their own); arming again is progress. On expiry: the phase, how long it waited,
-    ``advice``, every stack of this process and of its DataLoader workers (forked after the first :meth:`arm`), the
-    workers killed, then ``exit_fn(exit_code)``.
+    storage calls have deadlines of their own); arming again is progress. On expiry: the diagnosis (the phase, how
+    long it waited), ``advice``, every stack of this process and of its DataLoader workers (forked after the first
+    :meth:`arm`), the workers killed, then ``exit_fn(exit_code)``.
 
     Args:
         exit_code: Passed to ``exit_fn`` on expiry.
-        advice: Printed after the diagnosis: how to tune the allowance.
+        advice: Printed after the diagnosis: what it means, the exit code, how to tune the allowance.
         exit_fn: Ends the process (``os._exit`` by default: a hung process may never unwind).
         clock: Monotonic seconds.
+        describe: ``describe(phase, waited_s)``, the diagnosis (default: the rank made no progress for so long in
+            ``phase``).
 
     Example:
         >>> watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice="")
@@ -87,8 +89,10 @@ class ProgressWatchdog:
         advice: str,
         exit_fn: Callable[[int], Any] = os._exit,
         clock: Callable[[], float] = time.monotonic,
+        describe: Callable[[str, float], str] | None = None,
     ) -> None:
         self.exit_code, self.advice, self.exit_fn, self.clock = exit_code, advice, exit_fn, clock
+        self.describe = describe or _no_progress
         self._condition = threading.Condition()
         self._phase = ""
         self._allowance: float | None = None
@@ -132,9 +136,9 @@ class ProgressWatchdog:
             if self._closed:
                 return
             phase, waited = self._phase, self.clock() - self._since
-        report_stacks_and_stop_workers(
-            f"lightning-scale: rank {os.environ.get('RANK', '0')} made no progress for {waited:.0f} s in {phase}",
-            f"it is hung (or far slower than its allowance). Exiting with {self.exit_code} so that the job is "
-            f"restarted from its newest valid checkpoint. {self.advice}".rstrip(),
-        )
+        report_stacks_and_stop_workers(self.describe(phase, waited), self.advice)
         self.exit_fn(self.exit_code)
+
+
+def _no_progress(phase: str, waited_s: float) -> str:
+    return f"lightning-scale: rank {os.environ.get('RANK', '0')} made no progress for {waited_s:.0f} s in {phase}"

@@ -12,7 +12,8 @@ from lightning_scale.health import HANG_EXIT_CODE, ProgressWatchdog
 def test_a_phase_without_progress_is_reported_with_its_stacks_and_exits_75(capfd):
     exits: list[int] = []
     done = threading.Event()
-    watchdog = ProgressWatchdog(HANG_EXIT_CODE, "Tune it.", exit_fn=lambda code: (exits.append(code), done.set()))
+    advice = "it is hung. Exiting with 75. Tune it."
+    watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=lambda code: (exits.append(code), done.set()))
     started = time.monotonic()
     watchdog.arm("training step 7 (epoch 0, batch 6)", 0.5)
     assert done.wait(10) and exits == [75]
@@ -21,7 +22,7 @@ def test_a_phase_without_progress_is_reported_with_its_stacks_and_exits_75(capfd
     assert (
         "made no progress for 0 s in training step 7 (epoch 0, batch 6)" in err or "for 1 s in training step 7" in err
     )
-    assert "Exiting with 75 so that the job is restarted from its newest valid checkpoint. Tune it." in err
+    assert "(worker pids []); it is hung. Exiting with 75. Tune it. Stacks follow." in err
     assert "test_a_phase_without_progress_is_reported" in err  # this process's stacks
     watchdog.close()
 
