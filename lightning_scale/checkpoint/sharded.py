@@ -19,9 +19,8 @@ its path, and ``meta.pt`` holds the rest with the structure (``SKELETON_KEY``): 
 one process without any; ``lightning_scale.callbacks._checkpoint_io`` lets Lightning load them.
 :func:`load_into_sharded_model` reads Lightning's layout into a model that is sharded already, on every rank, each
 reading the byte ranges of its own shards (from local disk or an object store, on any world size: DCP reshards), as
-Lightning's own loader does for local paths. Completeness is
-vouched for by a manifest listing every file with its size and sha256 (:mod:`lightning_scale.checkpoint.manifest`),
-which rank 0 publishes last.
+Lightning's own loader does for local paths. Completeness is vouched for by a manifest listing every file with its
+size and sha256 (:mod:`lightning_scale.checkpoint.manifest`), which rank 0 publishes last.
 """
 
 from __future__ import annotations
