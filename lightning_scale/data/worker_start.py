@@ -66,3 +66,8 @@ class WorkerStartWatchdog:
     def close(self) -> None:
         """Stop the thread; safe to call twice."""
         self._watchdog.close()
+
+    @property
+    def running(self) -> bool:
+        """Whether its thread is started (until :meth:`close`)."""
+        return self._watchdog.running

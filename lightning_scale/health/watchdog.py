@@ -104,6 +104,11 @@ class ProgressWatchdog:
     def phase(self) -> str:
         return self._phase
 
+    @property
+    def running(self) -> bool:
+        """Whether the thread is started (until :meth:`close`)."""
+        return self._thread is not None
+
     def arm(self, phase: str, allowance_s: float | None) -> None:
         """From now on, ``phase`` must make progress within ``allowance_s`` (``None``: unwatched)."""
         with self._condition:

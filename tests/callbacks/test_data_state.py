@@ -227,7 +227,7 @@ def test_an_error_before_the_first_batch_stops_the_worker_start_watchdog(tmp_pat
     monkeypatch.setattr(DataStateCheckpoint, "_watch_worker_start", record)
     with pytest.raises(RuntimeError, match="the user's bug"):
         Trainer(max_steps=2, callbacks=callbacks, **tiny_trainer_kwargs).fit(UserMLP(), train_dataloaders=loader)
-    assert watchdogs and watchdogs[0]._thread is None  # closed: it cannot end this process 10 minutes from now
+    assert watchdogs and not watchdogs[0].running  # closed: it cannot end this process 10 minutes from now
     assert data_state._watchdog is None
 
 
