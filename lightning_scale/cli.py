@@ -32,6 +32,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     rewritten = strategy_names_as_class_paths(argv)
     earlier = _usage_error_of_an_earlier_attempt()
     if earlier is not None:  # torchrun restarts failed workers whatever their exit code: end this attempt at once
-        _exit_on_usage_error(f"{earlier} (the same usage error stopped this torchrun job's first attempt)")
+        _end_a_later_attempt(earlier)
     try:
         ScaleCLI(args=rewritten if explicit or rewritten != argv else None)  # not kept: garbage once finished
     except Exception as error:
@@ -255,6 +256,22 @@ def _exit_on_usage_error(message: str) -> NoReturn:
     """One short report on rank 0 (every rank found the same), then :data:`USAGE_ERROR_EXIT_CODE` on every rank."""
     if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # Lightning sets it on the function at import
         print(f"lightning-scale: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(USAGE_ERROR_EXIT_CODE)
+
+
+def _end_a_later_attempt(earlier: str) -> NoReturn:
+    """Exit on the usage error an earlier attempt of this torchrun job found. torchrun stops an attempt's other
+    workers as soon as one exits, so rank 0's node-mates wait (5 s at most) until rank 0 has printed the report."""
+    reported = Path(f"{_attempt_marker()}.reported-{os.environ.get('TORCHELASTIC_RESTART_COUNT')}")
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
+        print(f"lightning-scale: error: {earlier} (the same usage error stopped this torchrun job's first attempt)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        with contextlib.suppress(OSError):  # only lets the other workers go
+            reported.touch()
+    elif os.environ.get("GROUP_RANK") == "0":
+        deadline = time.monotonic() + 5.0
+        while not reported.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     raise SystemExit(USAGE_ERROR_EXIT_CODE)
 
 
