@@ -1,6 +1,6 @@
 """The one place where lightning-scale touches private parts of Lightning.
 
-Lightning 2.6 offers no public hook for eleven things lightning-scale needs; each is wrapped here, and
+Lightning 2.6 offers no public hook for twelve things lightning-scale needs; each is wrapped here, and
 ``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
 
 1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
@@ -29,7 +29,8 @@ Lightning 2.6 offers no public hook for eleven things lightning-scale needs; eac
 12. the private members of Lightning's classes that our subclasses override or use (:data:`INHERITED_PRIVATE`): a
     subclass that keeps the parent's contract has to (``ModelCheckpoint`` saves through ``_save_checkpoint``, the
     strategies read the timeout and backend their parent resolved). Private members of other objects are reached
-    only through this module and ``_torch_internals.py`` (tests/test_style.py checks).
+    only through this module and ``_torch_internals.py`` (tests/test_style.py checks);
+13. the process-group timeout a strategy was given (``HangWatchdog`` keeps it longer than its own allowance).
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from __future__ import annotations
 import shutil
 from collections import deque
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.data import _auto_add_worker_init_fn, sized_len
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
@@ -58,6 +61,7 @@ __all__ = [
     "dump_checkpoint",
     "is_last_batch_of_epoch",
     "process_dataloaders_with",
+    "process_group_timeout",
     "reopen_wandb_run",
     "restore_from_when_unset",
     "restore_training_state",
@@ -300,3 +304,10 @@ def writes_sharded_checkpoints(strategy: Any) -> bool:
     return bool(getattr(strategy, "_save_distributed_checkpoint", False)) or (
         getattr(strategy, "_state_dict_type", None) == "sharded"
     )
+
+
+def process_group_timeout(strategy: Any) -> timedelta:
+    """The timeout a strategy gave its process group (Lightning's DDP, FSDP and model-parallel strategies, and
+    ours); torch's default for others."""
+    timeout = getattr(strategy, "_timeout", None)
+    return timeout if isinstance(timeout, timedelta) else default_pg_timeout

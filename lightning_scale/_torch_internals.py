@@ -11,7 +11,9 @@ Each has no public equivalent in torch 2.13; ``tests/test_torch_internals.py`` f
 4. ``compress_hook``: the body of torch's fp16/bf16 DDP compression hooks, parameterised by dtype; DDP refuses the
    public ``bf16_compress_hook`` off NCCL by its name, although gloo all-reduces bfloat16;
 5. ``files_through``: a ``FileSystemWriter`` whose file access goes through another (public) ``FileSystemBase``, by
-   replacing its ``fs`` and ``path`` attributes, as torch's own ``FsspecWriter`` does.
+   replacing its ``fs`` and ``path`` attributes, as torch's own ``FsspecWriter`` does;
+6. ``set_process_group_timeout``: the timeout of the default process group after it was created (documented for
+   users, but named with an underscore).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.distributed.distributed_c10d import _set_pg_timeout as set_process_group_timeout
 from torch.utils._pytree import tree_flatten, tree_leaves
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "compress_hook",
     "files_through",
     "load_state_dict_in_one_process",
+    "set_process_group_timeout",
     "tree_flatten",
     "tree_leaves",
 ]

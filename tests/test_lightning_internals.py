@@ -6,10 +6,12 @@ If one of these fails after a Lightning upgrade, exact resume is broken: fix _li
 from __future__ import annotations
 
 import inspect
+from datetime import timedelta
 
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from examples.char_transformer import CharDataModule, CharTransformer
@@ -24,6 +26,8 @@ def test_private_members_we_wrap_exist():
     assert hasattr(trainer.fit_loop, "_combined_loader")
     progress = trainer.fit_loop.epoch_loop.batch_progress
     assert hasattr(progress, "is_last_batch") and hasattr(progress.current, "ready")
+    assert internals.process_group_timeout(DDPStrategy(timeout=timedelta(seconds=7))) == timedelta(seconds=7)
+    assert internals.process_group_timeout(SingleDeviceStrategy("cpu")) == timedelta(minutes=30)  # torch's default
 
 
 def test_logger_cadence_and_precision_state_key_we_rely_on_exist():

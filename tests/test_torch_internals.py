@@ -22,3 +22,4 @@ def test_the_wrapped_private_members_import_and_behave_as_used(tmp_path):
     files = dcp.FileSystemWriter(str(tmp_path)).fs
     assert internals.files_through(writer, files, "elsewhere") is writer
     assert writer.fs is files and writer.path == "elsewhere"  # the attributes DCP's writer reads its files through
+    assert callable(internals.set_process_group_timeout)  # used on a live group by tests/callbacks/test_hang_watchdog

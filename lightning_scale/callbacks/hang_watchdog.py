@@ -7,16 +7,24 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
+from lightning_scale._lightning_internals import process_group_timeout
+from lightning_scale._torch_internals import set_process_group_timeout
 from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.health.watchdog import HANG_EXIT_CODE, ProgressWatchdog, StepAllowance
 
-__all__ = ["HangWatchdog"]
+__all__ = ["COLLECTIVE_MARGIN_S", "HangWatchdog"]
+
+COLLECTIVE_MARGIN_S = 60.0
+"""How much longer than a watchdog's allowance a collective may wait: time for the hung rank to print its stacks."""
 
 
 class HangWatchdog(Callback):
@@ -32,6 +40,10 @@ class HangWatchdog(Callback):
     every epoch and of every validation (DataLoader workers starting, the first step's compilation), validation
     batches, and the end of training. Checkpoint saves (``ResumableCheckpoint``'s and ``trainer.save_checkpoint``)
     are not watched: their storage calls have deadlines of their own.
+
+    The process group's timeout is kept at least :data:`COLLECTIVE_MARGIN_S` longer than the allowance (raised when
+    needed, never lowered): a rank waiting in a collective for a hung peer then lets the peer's own watchdog report
+    its stacks first, instead of failing the collective without saying where the peer was stuck.
 
     Args:
         min_timeout_s: The shortest allowance between two training batches' marks.
@@ -63,6 +75,7 @@ class HangWatchdog(Callback):
         self._last_mark: float | None = None  # when the last measurable mark was made (None after a startup phase)
         self._trainer: pl.Trainer | None = None
         self._unpatched_save: Callable[..., Any] | None = None
+        self._collective_timeout_s: float | None = None  # None: no process group
 
     @staticmethod
     @contextmanager
@@ -86,6 +99,8 @@ class HangWatchdog(Callback):
         self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=self.exit_fn, clock=self._clock)
         self._trainer = trainer
         self._unpatched_save = trainer.save_checkpoint
+        initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self._collective_timeout_s = process_group_timeout(trainer.strategy).total_seconds() if initialized else None
 
         def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
             with self.paused("saving a checkpoint (trainer.save_checkpoint)"):
@@ -141,7 +156,7 @@ class HangWatchdog(Callback):
     def _startup(self, phase: str) -> None:
         """A phase whose length nothing measured predicts; the interval that ends it is not measured."""
         if self._watchdog is not None:
-            self._watchdog.arm(phase, self.startup_timeout_s)
+            self._arm(phase, self.startup_timeout_s)
             self._last_mark = None
 
     def _mark(self, phase: str) -> None:
@@ -152,7 +167,19 @@ class HangWatchdog(Callback):
             self._allowance.measured(now - self._last_mark)
         self._last_mark = now
         allowance = self.timeout_s if self.timeout_s is not None else self._allowance.seconds()
+        self._arm(phase, allowance)
+
+    def _arm(self, phase: str, allowance: float) -> None:
+        assert self._watchdog is not None
         self._watchdog.arm(phase, allowance)
+        needed = allowance + COLLECTIVE_MARGIN_S
+        if self._collective_timeout_s is not None and needed > self._collective_timeout_s:
+            set_process_group_timeout(timedelta(seconds=needed))  # this rank's part of it: no collective
+            rank_zero_info(
+                f"HangWatchdog: the process group's timeout is now {needed:.0f} s (was "
+                f"{self._collective_timeout_s:.0f} s), {COLLECTIVE_MARGIN_S:.0f} s more than the allowance of {phase}."
+            )
+            self._collective_timeout_s = needed
 
     @contextmanager
     def paused(self, what: str) -> Iterator[None]:

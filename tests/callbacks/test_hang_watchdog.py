@@ -3,13 +3,18 @@ a long save of a healthy run do not."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from datetime import timedelta
 
 import pytest
+import torch
+from lightning.pytorch.strategies import DDPStrategy
 
 from examples.char_transformer import CharTransformer
 from lightning_scale.callbacks import HangWatchdog, ResumableCheckpoint
+from lightning_scale.callbacks.hang_watchdog import COLLECTIVE_MARGIN_S
 from tests import fitting
 
 
@@ -70,3 +75,26 @@ def test_a_slow_step_a_long_validation_and_a_long_save_of_a_healthy_run_are_not_
         limit_val_batches=3, val_check_interval=5, num_sanity_val_steps=0,
     )  # fmt: skip
     assert trainer.global_step == 5 and exits == []  # validation (2.4 s) and the save (2.5 s) outlast min_timeout_s
+
+
+def _gloo_timeout_s() -> float:
+    backend = torch.distributed.group.WORLD._get_backend(torch.device("cpu"))
+    return backend.options._timeout.total_seconds()
+
+
+def test_the_process_groups_timeout_is_raised_above_the_allowance_and_never_lowered(tiny_trainer_kwargs, caplog):
+    """A collective waiting for a hung peer must outlast the peer's allowance, so that the peer reports its stacks."""
+    strategy = DDPStrategy(timeout=timedelta(seconds=30))  # one process: the group is this test's
+    seen: list[float] = []
+    watch = fitting.AtStep(1, lambda trainer: seen.append(_gloo_timeout_s()))
+    with caplog.at_level(logging.INFO):
+        fitting.fit([HangWatchdog(min_timeout_s=100, startup_timeout_s=200), watch], tiny_trainer_kwargs, 2,
+                    strategy=strategy)  # fmt: skip
+    assert seen == [200 + COLLECTIVE_MARGIN_S]  # the set-up phase's allowance came first
+    assert "the process group's timeout is now 260 s (was 30 s)" in caplog.text
+
+    torch.distributed.destroy_process_group()
+    seen.clear()
+    fitting.fit([HangWatchdog(min_timeout_s=100, startup_timeout_s=200), watch], tiny_trainer_kwargs, 2,
+                strategy=DDPStrategy(timeout=timedelta(hours=2)))  # fmt: skip
+    assert seen == [7200]
