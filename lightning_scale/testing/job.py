@@ -90,6 +90,7 @@ class JobConfig:
         monitor: Also keep the best checkpoint by this metric.
         wandb_dir: Log to an offline W&B run there.
         stuck_after_s: Dump every thread's stack into the log if no step has started this long after set-up.
+        hang_watchdog: Add ``HangWatchdog`` with these arguments.
     """
 
     model_factory: str
@@ -119,6 +120,7 @@ class JobConfig:
     monitor: str | None = None
     wandb_dir: str | None = None
     stuck_after_s: float = 60.0
+    hang_watchdog: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.interrupt_at is not None:

@@ -35,6 +35,7 @@ from lightning_scale.callbacks import (
     BudgetedEarlyStopping,
     CostTracker,
     DivergenceRollback,
+    HangWatchdog,
     ResumableCheckpoint,
     SpotPreemption,
 )
@@ -212,6 +213,8 @@ def _callbacks(config: JobConfig, out_dir: Path) -> list[Callback]:
         callbacks.append(DivergenceRollback(**config.divergence_rollback))
     if config.faults:
         callbacks.append(FaultInjector(config.faults, record_dir=out_dir))
+    if config.hang_watchdog is not None:
+        callbacks.append(HangWatchdog(**config.hang_watchdog))
     return callbacks
 
 
