@@ -8,7 +8,7 @@
 Importing :mod:`lightning_scale` registers its strategies, so ``--trainer.strategy data_parallel``,
 ``model_parallel`` and ``pipeline_parallel`` (and their class paths with ``--trainer.strategy.<arg>``) work; any
 callback can be added by class path (``--trainer.callbacks+=lightning_scale.callbacks.DivergenceRollback``).
-Four callbacks are on by default, each configured under its own key or switched off with ``null``:
+Five callbacks are on by default, each configured under its own key or switched off with ``null``:
 
 - ``--checkpoint`` :class:`~lightning_scale.callbacks.ResumableCheckpoint` (``dirpath`` default
   ``checkpoints``): atomic checkpoints, and auto-resume from the newest valid one;
@@ -17,7 +17,9 @@ Four callbacks are on by default, each configured under its own key or switched 
 - ``--cost`` :class:`~lightning_scale.callbacks.CostTracker`: needs the price of a node
   (``--cost.price_per_hour``, or ``--cost.provider`` and ``--cost.instance_type``);
 - ``--hang`` :class:`~lightning_scale.callbacks.HangWatchdog`: a rank that makes no progress exits 75 with its
-  stacks, for the orchestrator to restart the job.
+  stacks, for the orchestrator to restart the job;
+- ``--stragglers`` :class:`~lightning_scale.callbacks.StragglerDetector`: a rank persistently slower than the others
+  is named (rank, host) in every logger and at the end of fit, with what waiting for it cost.
 
 A callback of one of these classes given in ``--trainer.callbacks`` replaces the default one.
 
@@ -45,7 +47,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import lightning_scale  # registers the strategies
 from lightning_scale import distributed
-from lightning_scale.callbacks import CostTracker, HangWatchdog, ResumableCheckpoint, SpotPreemption
+from lightning_scale.callbacks import (
+    CostTracker,
+    HangWatchdog,
+    ResumableCheckpoint,
+    SpotPreemption,
+    StragglerDetector,
+)
 from lightning_scale.checkpoint import consolidate_checkpoint
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE, UsageError
 
@@ -61,6 +69,7 @@ DEFAULT_CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
     "preemption": (SpotPreemption, {}),
     "cost": (CostTracker, {}),
     "hang": (HangWatchdog, {}),
+    "stragglers": (StragglerDetector, {}),
 }
 
 
@@ -77,7 +86,7 @@ class ScaleCLI(LightningCLI):
 
     Example:
         >>> sorted(DEFAULT_CALLBACKS)  # lightning-scale fit ... --checkpoint.dirpath s3://bucket/run --cost null
-        ['checkpoint', 'cost', 'hang', 'preemption']
+        ['checkpoint', 'cost', 'hang', 'preemption', 'stragglers']
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -87,8 +96,8 @@ class ScaleCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Add ``--checkpoint``, ``--preemption``, ``--cost`` and ``--hang``: on by default, ``null`` switches one
-        off."""
+        """Add ``--checkpoint``, ``--preemption``, ``--cost``, ``--hang`` and ``--stragglers``: on by default,
+        ``null`` switches one off."""
         for key, (callback, init_args) in DEFAULT_CALLBACKS.items():
             parser.add_lightning_class_args(callback, key, subclass_mode=True, required=False)
             class_path = f"{callback.__module__}.{callback.__qualname__}"

@@ -7,6 +7,7 @@ from lightning_scale.callbacks.divergence_rollback import DivergenceRollback
 from lightning_scale.callbacks.hang_watchdog import HangWatchdog
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.callbacks.spot_preemption import SpotPreemption
+from lightning_scale.callbacks.straggler_detector import StragglerDetector
 from lightning_scale.callbacks.wandb_resume import WandbResume
 
 __all__ = [
@@ -17,5 +18,6 @@ __all__ = [
     "HangWatchdog",
     "ResumableCheckpoint",
     "SpotPreemption",
+    "StragglerDetector",
     "WandbResume",
 ]

@@ -1,13 +1,16 @@
-"""Keeping a job's processes honest: stack reports, and a watchdog that turns a hang into a restart (no Lightning
-imports)."""
+"""Keeping a job's processes honest: stack reports, a watchdog that turns a hang into a restart, and the judge of
+stragglers (no Lightning imports)."""
 
 from lightning_scale.health.stacks import dump_stacks_on_sigusr2, report_stacks_and_stop_workers
+from lightning_scale.health.stragglers import StragglerTally, WindowVerdict
 from lightning_scale.health.watchdog import HANG_EXIT_CODE, ProgressWatchdog, StepAllowance
 
 __all__ = [
     "HANG_EXIT_CODE",
     "ProgressWatchdog",
     "StepAllowance",
+    "StragglerTally",
+    "WindowVerdict",
     "dump_stacks_on_sigusr2",
     "report_stacks_and_stop_workers",
 ]
