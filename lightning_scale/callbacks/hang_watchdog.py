@@ -38,7 +38,8 @@ class HangWatchdog(Callback):
     ``step_factor`` times the slowest of the last 100 intervals between two marks, at least ``min_timeout_s``; the
     phases whose length nothing predicts get ``startup_timeout_s``: set-up until the first batch, the first batch of
     every epoch and of every validation (DataLoader workers starting, the first step's compilation), validation
-    batches, and the end of training. Checkpoint saves (``ResumableCheckpoint``'s and ``trainer.save_checkpoint``)
+    batches, and the end of training; the first training batch after one of them (its warm-up) is not measured into
+    the step times. Checkpoint saves (``ResumableCheckpoint``'s and ``trainer.save_checkpoint``)
     are not watched: their storage calls have deadlines of their own.
 
     The process group's timeout is kept at least :data:`COLLECTIVE_MARGIN_S` longer than the allowance (raised when
@@ -72,7 +73,8 @@ class HangWatchdog(Callback):
         self._clock: Callable[[], float] = time.monotonic
         self._allowance = StepAllowance(min_timeout_s, step_factor, startup_timeout_s)  # checks the arguments
         self._watchdog: ProgressWatchdog | None = None
-        self._last_mark: float | None = None  # when the last measurable mark was made (None after a startup phase)
+        self._last_mark: float | None = None  # when the last mark was made (None after a startup phase)
+        self._measuring = False  # whether the interval since the last mark is a step's (not warm-up)
         self._trainer: pl.Trainer | None = None
         self._unpatched_save: Callable[..., Any] | None = None
         self._collective_timeout_s: float | None = None  # None: no process group
@@ -154,20 +156,26 @@ class HangWatchdog(Callback):
         self._startup("the end of training")
 
     def _startup(self, phase: str) -> None:
-        """A phase whose length nothing measured predicts; the interval that ends it is not measured."""
+        """A phase whose length nothing measured predicts; neither the interval that ends it nor the first batch after
+        it (warm-up: the first backward, allocator growth, compilation) is measured."""
         if self._watchdog is not None:
             self._arm(phase, self.startup_timeout_s)
-            self._last_mark = None
+            self._last_mark, self._measuring = None, False
 
     def _mark(self, phase: str) -> None:
         if self._watchdog is None:
             return
         now = self._clock()
-        if self._last_mark is not None:
+        if self._last_mark is not None and self._measuring:
             self._allowance.measured(now - self._last_mark)
+        self._measuring = self._last_mark is not None  # from the second mark after a start-up phase on
         self._last_mark = now
-        allowance = self.timeout_s if self.timeout_s is not None else self._allowance.seconds()
-        self._arm(phase, allowance)
+        self._arm(phase, self.allowance_s)
+
+    @property
+    def allowance_s(self) -> float:
+        """The allowance between two training marks now: ``timeout_s``, or the one adapted to the step times."""
+        return self.timeout_s if self.timeout_s is not None else self._allowance.seconds()
 
     def _arm(self, phase: str, allowance: float) -> None:
         assert self._watchdog is not None

@@ -98,3 +98,19 @@ def test_the_process_groups_timeout_is_raised_above_the_allowance_and_never_lowe
     fitting.fit([HangWatchdog(min_timeout_s=100, startup_timeout_s=200), watch], tiny_trainer_kwargs, 2,
                 strategy=DDPStrategy(timeout=timedelta(hours=2)))  # fmt: skip
     assert seen == [7200]
+
+
+class SlowFirstStep(CharTransformer):
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step == 0:
+            time.sleep(1.0)  # warm-up: a first backward, compilation
+        return super().training_step(batch, batch_idx)
+
+
+def test_the_first_steps_warm_up_does_not_lengthen_the_allowance(tiny_trainer_kwargs):
+    watchdog = HangWatchdog(min_timeout_s=0.5, step_factor=3.0, startup_timeout_s=20.0)
+    allowances: list[float] = []
+    fitting.fit([watchdog, fitting.AtStep(4, lambda trainer: allowances.append(watchdog.allowance_s))],
+                tiny_trainer_kwargs, 5, model=lambda: SlowFirstStep(vocab_size=64),
+                datamodule=fitting.CharDataModule(batch_size=8))  # fmt: skip
+    assert allowances == [0.5]  # 3 x ~10 ms steps; the 1 s first step would have made it 3 s
