@@ -64,7 +64,8 @@ class ProgressWatchdog:
     """A daemon thread that ends the process when the current phase has made no progress by its deadline.
 
     :meth:`arm` names the phase and its allowance (``None``: not watched, e.g. while a checkpoint is written, whose
-    storage calls have deadlines of their own); arming again is progress. On expiry: the diagnosis (the phase, how
+    storage calls have deadlines of their own); arming again is progress. The thread checks at least once a second, so
+    a hang is reported between its allowance and a second after it. On expiry: the diagnosis (the phase, how
     long it waited), ``advice``, every stack of this process and of its DataLoader workers (forked after the first
     :meth:`arm`), the workers killed, then ``exit_fn(exit_code)``.
 
@@ -110,14 +111,16 @@ class ProgressWatchdog:
         return self._thread is not None
 
     def arm(self, phase: str, allowance_s: float | None) -> None:
-        """From now on, ``phase`` must make progress within ``allowance_s`` (``None``: unwatched)."""
+        """From now on, ``phase`` must make progress within ``allowance_s`` (``None``: unwatched).
+
+        Called twice per training step, it only records the phase: the thread is not woken (it checks at least once
+        a second), which would cost a context switch per call on a busy machine."""
         with self._condition:
             self._phase, self._allowance, self._since = phase, allowance_s, self.clock()
             if self._thread is None:
                 dump_stacks_on_sigusr2()
                 self._thread = threading.Thread(target=self._watch, name="lightning-scale-hang-watchdog", daemon=True)
                 self._thread.start()
-            self._condition.notify()
 
     def close(self) -> None:
         """Stop the thread; safe to call twice."""
@@ -133,9 +136,9 @@ class ProgressWatchdog:
         with self._condition:
             while not self._closed:
                 if self._allowance is None:
-                    self._condition.wait()
+                    self._condition.wait(1.0)
                 elif (left := self._since + self._allowance - self.clock()) > 0:
-                    self._condition.wait(min(left, 1.0))  # a clock that is not time.monotonic may jump
+                    self._condition.wait(min(left, 1.0))  # re-armed meanwhile, or a clock that is not monotonic
                 else:
                     break
             if self._closed:
