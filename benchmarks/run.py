@@ -156,6 +156,23 @@ def sharded_checkpoint_rows(result: dict) -> list[Row]:
     return blocked + memory + zero_rows
 
 
+def hang_watchdog_rows(result: dict) -> list[Row]:
+    rows = []
+    for variant, label in (("watchdog", "HangWatchdog"), ("watchdog+stragglers", "HangWatchdog + StragglerDetector")):
+        ratio = result["over_none"][variant]
+        own = f", the watchdog's own marks {result['marks_us_per_step']:.0f} µs/step" if variant == "watchdog" else ""
+        rows.append(row("hang_watchdog", f"step time, {label} / none (paired per round, 2 processes{own})",
+                        ratio["median"], _span(ratio), "x", f"≤ {result['target']} (upper quartile "
+                        f"{ratio['upper_quartile']:.3f})", result["holds"][variant]))  # fmt: skip
+    latency, config = result["detection"], result["config"]
+    rows.append(row("hang_watchdog", f"{config['freeze']} of rank 1 → restarted job's first step, "
+                    f"{latency['ckpt_mb']:.0f} MB state, min_timeout_s={config['min_timeout_s']:g} (exit after "
+                    f"{latency['freeze_to_exit_s']:.1f} s, torchrun restart {latency['exit_to_restart_s']:.1f} s, "
+                    f"first step {latency['restart_to_first_step_s']:.1f} s)", latency["freeze_to_first_step_s"],
+                    None, "s"))  # fmt: skip
+    return rows
+
+
 BENCHMARKS: dict[str, Callable[[dict], list[Row]]] = {
     "data_parallel_step": data_parallel_rows,
     "callback_overhead": callback_overhead_rows,
@@ -167,6 +184,7 @@ BENCHMARKS: dict[str, Callable[[dict], list[Row]]] = {
     "cost_levers": cost_levers_rows,
     "data_loading": data_loading_rows,
     "sharded_checkpoint": sharded_checkpoint_rows,
+    "hang_watchdog": hang_watchdog_rows,
 }
 
 

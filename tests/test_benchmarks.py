@@ -34,7 +34,8 @@ def test_every_benchmark_runs_quick_and_the_summary_has_a_row_for_each(tmp_path)
     measures = " ".join(row["measure"] for row in latest["summary"])
     for named in ("data_parallel / ddp", "every lightning-scale callback", "async / sync", "durable checkpoint",
                   "raw torch pipelining", "model_parallel / ddp", "first training step",
-                  "resumable loader", "model_parallel shards", "ZeRO-1 per-rank shares"):  # fmt: skip
+                  "resumable loader", "model_parallel shards", "ZeRO-1 per-rank shares", "HangWatchdog / none",
+                  "restarted job's first step"):  # fmt: skip
         assert named in measures, measures
     assert "lightning-scale benchmarks" in done.stdout
     assert len(markdown(latest["summary"]).splitlines()) == len(latest["summary"]) + 2
