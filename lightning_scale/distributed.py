@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from lightning_scale._torch_internals import set_process_group_timeout
 from lightning_scale.errors import UsageError
 
 __all__ = [
@@ -68,6 +69,17 @@ def _group_ready() -> bool:
             "collectives must run after the Trainer has set up its strategy (e.g. in `setup` or later hooks)."
         )
     return False
+
+
+def has_process_group() -> bool:
+    """Whether this process has a default process group."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def set_timeout(seconds: float) -> None:
+    """Let this rank's collectives in the default group wait up to ``seconds`` from now on (this rank's side of the
+    group: no collective)."""
+    set_process_group_timeout(timedelta(seconds=seconds))
 
 
 def world_size() -> int:

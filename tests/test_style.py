@@ -38,9 +38,11 @@ def test_only_distributed_module_imports_torch_distributed(path):
         # the same engine's file access (FileSystemBase), routed through a CheckpointStore
         allowed = {"torch.distributed.checkpoint", "torch.distributed.checkpoint.filesystem"}
     if path.name == "_torch_internals.py":
-        # the private parts of torch's checkpoint engine and DDP hooks that sharded.py and compression.py use
+        # the private parts of torch's checkpoint engine and DDP hooks that sharded.py and compression.py use, and
+        # the group timeout's setter that distributed.py uses
         allowed = {
             "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
+            "torch.distributed.distributed_c10d",
             "torch.distributed.checkpoint",
             "torch.distributed.checkpoint._fsspec_filesystem",
             "torch.distributed.checkpoint.default_planner",

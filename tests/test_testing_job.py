@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -40,11 +41,17 @@ def test_a_job_the_runner_cannot_run_is_refused_with_the_argument_to_change(chan
         job(**changes)
 
 
-def test_a_fault_kind_is_a_crash_or_a_signal_name():
-    with pytest.raises(ValueError, match="kind='SIGTREM' is neither 'crash' nor a signal name"):
+def test_a_fault_kind_is_a_crash_a_hang_a_sleep_or_a_signal_name():
+    with pytest.raises(ValueError, match="kind='SIGTREM' is none of 'crash', 'hang', 'sleep' and a signal name"):
         Fault(step=1, kind="SIGTREM")
     with pytest.raises(ValueError, match="whole_job=True needs a signal kind"):
         Fault(step=1, kind="crash", whole_job=True)
+    with pytest.raises(ValueError, match=re.escape("seconds=0.0 goes with kind='sleep' only, and must then be > 0")):
+        Fault(step=1, kind="sleep")
+    with pytest.raises(ValueError, match="seconds=2 goes with kind='sleep' only"):
+        Fault(step=1, kind="hang", seconds=2)
+    with pytest.raises(ValueError, match="save=True and val_batch are exclusive"):
+        Fault(step=1, kind="sleep", seconds=1, save=True, val_batch=0)
 
 
 def test_the_launch_command_is_torchrun_for_several_processes_and_python_for_one():

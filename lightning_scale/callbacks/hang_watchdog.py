@@ -7,17 +7,15 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
+from lightning_scale import distributed
 from lightning_scale._lightning_internals import process_group_timeout
-from lightning_scale._torch_internals import set_process_group_timeout
 from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.health.watchdog import HANG_EXIT_CODE, ProgressWatchdog, StepAllowance
 
@@ -101,8 +99,8 @@ class HangWatchdog(Callback):
         self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=self.exit_fn, clock=self._clock)
         self._trainer = trainer
         self._unpatched_save = trainer.save_checkpoint
-        initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self._collective_timeout_s = process_group_timeout(trainer.strategy).total_seconds() if initialized else None
+        has_group = distributed.has_process_group()
+        self._collective_timeout_s = process_group_timeout(trainer.strategy).total_seconds() if has_group else None
 
         def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
             with self.paused("saving a checkpoint (trainer.save_checkpoint)"):
@@ -182,7 +180,7 @@ class HangWatchdog(Callback):
         self._watchdog.arm(phase, allowance)
         needed = allowance + COLLECTIVE_MARGIN_S
         if self._collective_timeout_s is not None and needed > self._collective_timeout_s:
-            set_process_group_timeout(timedelta(seconds=needed))  # this rank's part of it: no collective
+            distributed.set_timeout(needed)
             rank_zero_info(
                 f"HangWatchdog: the process group's timeout is now {needed:.0f} s (was "
                 f"{self._collective_timeout_s:.0f} s), {COLLECTIVE_MARGIN_S:.0f} s more than the allowance of {phase}."
