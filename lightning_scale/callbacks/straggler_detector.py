@@ -31,7 +31,9 @@ class StragglerDetector(Callback):
     between its last gradient being computed and the optimizer step, which is where it waited for the gradient
     all-reduce (with ``ddp``/``data_parallel``; with sharded strategies that interval also holds the reduce-scatter).
     The first optimizer step hooks every parameter to learn whose gradient comes last; later steps hook that one only
-    (again all of them after a step where it got no gradient).
+    (again all of them after a step where it got no gradient). Where no gradient passes through autograd's
+    accumulation (gradients assigned by hand, or by a strategy that sets them itself), the wait cannot be timed: a
+    warning says so and nothing is judged.
     At the Trainer's logging cadence (``log_every_n_steps``) one small all-gather brings every rank's busy time of
     the window to every rank, which judge it alike (:class:`~lightning_scale.health.stragglers.StragglerTally`).
     Timestamps are the host's: on GPU they are when kernels were launched, which a step that synchronises (a loss
@@ -59,6 +61,8 @@ class StragglerDetector(Callback):
         """What waiting for slow ranks cost so far (with a CostTracker)."""
         self.named: dict[int, str] = {}
         """Every rank named a straggler during this fit, with its host."""
+        self.measurable = True
+        """Whether this fit's gradients pass through autograd's accumulation, where the wait is timed."""
         self._clock: Callable[[], float] = time.perf_counter
         self._hosts: list[str] = []
         self._module: pl.LightningModule | None = None
@@ -75,7 +79,7 @@ class StragglerDetector(Callback):
         self.tally = StragglerTally(self.factor, self.patience)
         self.usd, self.named, self._last = 0.0, {}, None
         self._hosts = distributed.all_gather_object(socket.gethostname())
-        self._module = pl_module
+        self._module, self.measurable = pl_module, True
         self._watch_every_gradient()
         self._window_start = None
 
@@ -89,6 +93,17 @@ class StragglerDetector(Callback):
             if parameter.requires_grad
         }
         self._calibrating = True
+
+    def _give_up(self, trainer: pl.Trainer) -> None:
+        """No gradient passed through autograd's accumulation (gradients assigned by hand, or by a strategy that sets
+        them itself): the wait cannot be told apart from work."""
+        self._remove_hooks()
+        self._calibrating, self.measurable = False, False
+        rank_zero_warn(
+            f"StragglerDetector: the gradients of this fit ({type(trainer.strategy).__name__}) are not accumulated by "
+            "autograd, so the time spent waiting for other ranks cannot be told apart from work; stragglers are not "
+            "judged. Remove the callback (--stragglers null) to silence this."
+        )
 
     def _gradient_ready(self, parameter: torch.Tensor) -> None:
         self._last_grad, self._last_parameter = self._clock(), id(parameter)
@@ -104,8 +119,12 @@ class StragglerDetector(Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
+        if self._last_grad is None and self._calibrating:  # every parameter hooked, no hook ran
+            self._give_up(trainer)
+            return
         if self._last_grad is None:  # the parameter watched got no gradient this step (a dynamic graph)
-            self._watch_every_gradient()
+            if self.measurable:
+                self._watch_every_gradient()
             return
         self._waited += self._clock() - self._last_grad
         self._last_grad = None
@@ -120,7 +139,7 @@ class StragglerDetector(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._window_start is None or not trainer_logs_this_step(trainer):
+        if self._window_start is None or not self.measurable or not trainer_logs_this_step(trainer):
             return
         wall = self._clock() - self._window_start
         window = torch.tensor([wall - self._waited, wall], dtype=torch.float64, device=pl_module.device)
@@ -169,6 +188,8 @@ class StragglerDetector(Callback):
     def report(self) -> str:
         """The end-of-fit line: the stragglers named, their slow windows and what waiting for them cost."""
         windows = self.tally.windows
+        if not self.measurable:
+            return "Stragglers: not judged (the wait for other ranks cannot be timed in this fit)."
         if not self.named:
             worst = f"; the last window's slowest rank was {self._last.slowdown:.2f}x the others" if self._last else ""
             return f"Stragglers: none in {windows} logging windows (factor {self.factor}){worst}."
