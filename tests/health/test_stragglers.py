@@ -35,7 +35,7 @@ def test_a_slowed_rank_is_named_in_the_metrics_the_hyperparameters_and_the_repor
     slowed = runs["slowed"]
     rows = _metrics(slowed)
     assert len(rows) == 6  # every 4th of 24 steps
-    assert all(row["stragglers/slowest_rank"] == "1.0" and float(row["stragglers/slowdown"]) > 3 for row in rows)
+    assert all(row["stragglers/slowest_rank"] == "1.0" and float(row["stragglers/slowdown"]) > 2 for row in rows)
     assert [row["stragglers/rank"] for row in rows] == ["-1.0", "-1.0"] + ["1.0"] * 4  # patience 3: the 3rd window
     assert all(0.3 < float(row["stragglers/idle_fraction"]) < 0.5 for row in rows[1:])  # rank 0 waits most of a step
     assert float(rows[-1]["stragglers/usd"]) == pytest.approx(slowed["usd"]) and slowed["usd"] > 0
