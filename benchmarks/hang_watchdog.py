@@ -18,9 +18,7 @@ Prints a table and writes ``benchmarks/results/hang_watchdog.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import re
 import shutil
 import statistics
 import subprocess
@@ -34,13 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, spread
 
-from lightning_scale.testing import launch_command, launch_environment
+from lightning_scale.health import HANG_EXIT_CODE
+from lightning_scale.testing import launch_command, launch_environment, torchrun_failures
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.01
-# torchrun's first reaction to a worker's exit: it stops the others (for a stopped one it reports the failure only
-# after its 30 s SIGTERM wait)
-_FAILURE = re.compile(r"^[EW](\d{4} \d\d:\d\d:\d\d\.\d+) .*(?:failed \(exitcode: 75\)|closing signal)", re.MULTILINE)
 
 
 def _launch(workdir: Path, *arguments: str, max_restarts: int | None = None) -> str:
@@ -82,8 +78,10 @@ def detection(workdir: Path, steps: int, d_model: int, freeze: str, min_timeout_
     log = _launch(workdir, "--part=detection", f"--steps={steps}", f"--d-model={d_model}", f"--freeze={freeze}",
                   f"--min-timeout-s={min_timeout_s}", max_restarts=1)  # fmt: skip
     frozen = (workdir / "fault0_rank1.happened").stat().st_mtime
-    year = datetime.datetime.now().year
-    exited = datetime.datetime.strptime(f"{year}{_FAILURE.findall(log)[0]}", "%Y%m%d %H:%M:%S.%f").timestamp()
+    [(when, code)] = torchrun_failures(log)  # the frozen attempt's; the restarted one finished
+    if code != HANG_EXIT_CODE:
+        raise RuntimeError(f"the frozen attempt ended with exit code {code}, not the watchdog's {HANG_EXIT_CODE}")
+    exited = when.timestamp()
     restarted = json.loads((workdir / "detection.json").read_text())
     return {
         "freeze_to_exit_s": exited - frozen,

@@ -9,7 +9,7 @@ from lightning_scale.testing.exact_resume import (
 )
 from lightning_scale.testing.faults import Fault, FaultInjector
 from lightning_scale.testing.job import CloudNotices, CostModel, JobConfig, read_job, write_job
-from lightning_scale.testing.launch import launch_command, launch_environment, run_attempt
+from lightning_scale.testing.launch import launch_command, launch_environment, run_attempt, torchrun_failures
 from lightning_scale.testing.processes import kill_process_tree, processes_mentioning
 from lightning_scale.testing.step_clock import StepClock
 
@@ -30,5 +30,6 @@ __all__ = [
     "read_traces",
     "run_attempt",
     "run_interrupted_and_reference",
+    "torchrun_failures",
     "write_job",
 ]

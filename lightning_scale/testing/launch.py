@@ -3,7 +3,9 @@ runner job watched to its end (or killed at its interruption point)."""
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ from typing import Literal
 from lightning_scale.testing.job import MARKER, read_job
 from lightning_scale.testing.processes import kill_process_tree
 
-__all__ = ["RUNNER", "launch_command", "launch_environment", "run_attempt"]
+__all__ = ["RUNNER", "launch_command", "launch_environment", "run_attempt", "torchrun_failures"]
 
 RUNNER = "lightning_scale.testing.runner"  # python -m RUNNER CONFIG.json: one rank of a JobConfig's job
 
@@ -108,6 +110,33 @@ def run_attempt(config_path: str | Path, timeout_s: float, expect: Literal["fini
     if expect == "marker":
         raise AssertionError(f"the run finished without reaching its interruption point{_tail(out_dir)}")
     return 0
+
+
+_TORCHRUN_EVENT = re.compile(
+    r"^[EW](\d{4} \d\d:\d\d:\d\d\.\d+) .*(?:failed \(exitcode: (-?\d+)\)|closing signal)", re.MULTILINE
+)
+
+
+def torchrun_failures(log: str) -> list[tuple[datetime.datetime, int]]:
+    """Per failed attempt in the log of a torchrun job of Lightning processes: when torchrun first reacted to a
+    worker's end (it stops the others then; for a stopped process it reports the failure only after its 30 s SIGTERM
+    wait), in local time, and the first exit code it reports. Attempts are told apart by rank 0's "Initializing
+    distributed" line.
+
+    Example:
+        >>> attempt = "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2\\n"
+        >>> failed = "E1204 16:22:40.748000 14495 api.py:1002] failed (exitcode: 75) local_rank: 1 (pid: 14499)\\n"
+        >>> [(when.strftime("%H:%M:%S"), code) for when, code in torchrun_failures(attempt + failed + attempt)]
+        [('16:22:40', 75)]
+    """
+    year = datetime.datetime.now().year
+    failures = []
+    for attempt in log.split("Initializing distributed: GLOBAL_RANK: 0,")[1:]:
+        events = _TORCHRUN_EVENT.findall(attempt)
+        if events:
+            when = datetime.datetime.strptime(f"{year}{events[0][0]}", "%Y%m%d %H:%M:%S.%f")
+            failures.append((when, int(next(code for _, code in events if code))))
+    return failures
 
 
 def _killed_at_marker(process: subprocess.Popen, marker: Path | None, timeout_s: float, out_dir: Path) -> bool:

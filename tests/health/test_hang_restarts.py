@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from lightning_scale.health.watchdog import HANG_EXIT_CODE
-from lightning_scale.testing import Fault, JobConfig, read_traces, run_attempt, write_job
+from lightning_scale.testing import Fault, JobConfig, read_traces, run_attempt, torchrun_failures, write_job
 
 MIN_TIMEOUT_S = 5.0  # steps of ~20 ms (times step_factor 5): the allowance between training marks is this minimum
 STARTUP_TIMEOUT_S = 12.0
@@ -75,7 +74,7 @@ def test_every_kind_of_hang_is_restarted_and_the_job_ends_bitwise_equal_while_sl
     run_attempt(job, 300, expect="finish")
 
     log = (job.parent / "log.txt").read_text(errors="replace")
-    exits = _failures_by_time(log)
+    exits = torchrun_failures(log)
     assert [code for _, code in exits] == [HANG_EXIT_CODE] * len(HANGS), log[-6000:]
     for (phases, allowance), (started, (exited, _)) in zip(HANGS.values(), _hang_starts(tmp_path, job), strict=True):
         assert any(f"in {phase} (worker pids" in log for phase in phases), (phases, log[-6000:])
@@ -97,27 +96,8 @@ def test_every_kind_of_hang_is_restarted_and_the_job_ends_bitwise_equal_while_sl
         assert torch.equal(final[name], tensor), name
 
 
-_TORCHRUN_EVENT = re.compile(
-    r"^[EW](\d{4} \d\d:\d\d:\d\d\.\d+) .*(?:failed \(exitcode: (-?\d+)\)|closing signal)", re.MULTILINE
-)
-
-
-def _failures_by_time(log: str) -> list[tuple[datetime.datetime, int]]:
-    """Per failed attempt: when torchrun first saw a worker end (it stops the others then; for a stopped process it
-    reports the failure only after its 30 s SIGTERM wait) and the first exit code it reports."""
-    year = datetime.datetime.now().year
-    attempts = log.split("Initializing distributed: GLOBAL_RANK: 0,")[1:]  # each attempt's rank 0 starts
-    failures = []
-    for attempt in attempts:
-        events = _TORCHRUN_EVENT.findall(attempt)
-        if events:
-            when = datetime.datetime.strptime(f"{year}{events[0][0]}", "%Y%m%d %H:%M:%S.%f")
-            failures.append((when, int(next(code for _, code in events if code))))
-    return failures
-
-
 def _hang_starts(tmp_path: Path, job: Path) -> list[tuple[datetime.datetime, tuple[datetime.datetime, int]]]:
     """When each hang began (its claim or fault record was written), with the attempt's failure it caused."""
     files = [tmp_path / "claims" / name if "=" in name else job.parent / name for name in HANGS]
     starts = [datetime.datetime.fromtimestamp(path.stat().st_mtime) for path in files]
-    return list(zip(starts, _failures_by_time((job.parent / "log.txt").read_text(errors="replace")), strict=True))
+    return list(zip(starts, torchrun_failures((job.parent / "log.txt").read_text(errors="replace")), strict=True))
