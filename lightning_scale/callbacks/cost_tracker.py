@@ -34,8 +34,10 @@ class CostTracker(Callback):
     The hourly price is ``price_per_hour`` per node, or the shipped price catalog's row for ``provider`` +
     ``instance_type`` (on-demand, or spot with ``spot=True``), times the number of nodes. Wall time is billed from
     the run's first start, across restarts: the tracker's state is in the checkpoint, and a resumed attempt adds the
-    gap since that checkpoint (work lost plus restart time, counted as preemption waste). Time inside training
-    steps is busy; the rest (data waits, checkpoint saves, validation, restarts) is idle.
+    gap since that checkpoint (work lost plus restart time, counted as preemption waste). An attempt on another
+    number of nodes (an elastic job that lost or gained nodes) bills its own nodes from its start, keeps what the
+    earlier attempts cost at theirs, and says so in the log. Time inside training steps is busy; the rest (data
+    waits, checkpoint saves, validation, restarts) is idle.
 
     Metrics go through ``LightningModule.log`` at the steps the Trainer logs (``log_every_n_steps``) and at each
     validation end, so every logger gets them in the same rows as the run's own metrics (``cost/usd_total`` can be
@@ -47,7 +49,7 @@ class CostTracker(Callback):
     ``cost/projected_usd`` (total at ``max_steps``/``max_epochs`` at the recent rate), ``cost/preemption_waste_usd``,
     ``cost/savings_vs_on_demand_usd`` (what on-demand capacity would have cost for the useful time, minus the
     bill; only when the price paid differs from a known on-demand price: spot or a discount), ``cost/idle_fraction``,
-    ``cost/hours``; ``cost/usd_at_best_<monitor>`` for each checkpoint monitor; at the end of fit
+    ``cost/hours``, ``cost/nodes``; ``cost/usd_at_best_<monitor>`` for each checkpoint monitor; at the end of fit
     ``rightsizing/peak_memory_gib``, ``rightsizing/memory_capacity_gib``, ``rightsizing/peak_memory_fraction`` and
     ``rightsizing/busy_fraction`` (busiest rank), with a printed report.
 
@@ -74,6 +76,7 @@ class CostTracker(Callback):
 
     METRIC_KEYS = (
         *(f"cost/{name}" for name in CostReport.__dataclass_fields__),
+        "cost/nodes",
         *RightSizingReport(device_type="cpu", peak_memory_bytes=0, capacity_bytes=1, busy_fraction=0.0).metrics(),
     )
     """Every metric key logged, except ``cost/usd_at_best_<monitor>``."""
@@ -152,6 +155,7 @@ class CostTracker(Callback):
         return {
             "version": STATE_VERSION,
             "meter": self.meter.state_dict(final=self._at_last_step),
+            "nodes": self._nodes,
             "evaluations": list(self.evaluations),
             "best": dict(self.best),
         }
@@ -168,6 +172,13 @@ class CostTracker(Callback):
     def _load(self, state: dict[str, Any]) -> None:
         assert self.meter is not None
         self.meter.load_state_dict(state["meter"])
+        saved_nodes = state.get("nodes", self._nodes)
+        if saved_nodes != self._nodes:
+            rank_zero_info(
+                f"CostTracker: the job runs on {self._nodes} node(s) now, {saved_nodes} before: "
+                f"{_usd(self.meter.usd_total())} so far (each attempt at its own nodes), "
+                f"{_usd(self.meter.usd_per_hour)}/h from here."
+            )
         self.evaluations = list(state["evaluations"])
         self.best = dict(state["best"])
         self._pending_state = None
@@ -261,7 +272,7 @@ class CostTracker(Callback):
         meter = self.meter
         if meter is None or not self._resumed:
             return None
-        line = f"Cost so far: {_usd(meter.usd(meter.seconds()))}"
+        line = f"Cost so far: {_usd(meter.usd_total())}"
         if meter.last_gap_seconds is None:  # resumed from the end of a finished run: no restart gap
             return line + "."
         gap = min(meter.last_gap_seconds, meter.max_restart_gap_seconds)
@@ -290,7 +301,7 @@ class CostTracker(Callback):
             "batch_size": 1,
             "sync_dist": not on_step,
         }
-        metrics = report.metrics()
+        metrics = {**report.metrics(), "cost/nodes": float(self._nodes)}
         pl_module.log_dict(metrics, **options)
         if self.progress_bar:
             pl_module.log("cost/usd", metrics["cost/usd_total"], prog_bar=True, logger=False, **options)

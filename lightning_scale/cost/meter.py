@@ -39,6 +39,10 @@ class CostMeter:
     machine was held. Those gaps are the preemption waste. Busy time is time inside training steps; the rest (data
     waits, checkpoint saves, validation, restarts) is idle.
 
+    Each attempt bills its own time at its own rate: a job that resumes on fewer or more nodes (an elastic job) keeps
+    what the earlier attempts cost and bills its own nodes from its start, and the gap before it at its rate (the
+    nodes that waited for it).
+
     Args:
         usd_per_hour: Price of the whole job per hour (every node), >= 0.
         on_demand_usd_per_hour: On-demand price of the same job, for the savings of spot capacity; ``None``: unknown.
@@ -74,8 +78,11 @@ class CostMeter:
         self.clock = clock
         self.max_restart_gap_seconds = max_restart_gap_seconds
         self._closed_seconds = 0.0  # billed time of finished segments and restart gaps
+        self._closed_usd = 0.0  # what they cost, each at its own rate
+        self._closed_on_demand_usd = 0.0  # what the same time outside the gaps would have cost on demand
         self._busy_seconds = 0.0
         self._waste_seconds = 0.0
+        self._waste_usd = 0.0
         self._samples = 0
         self._segment_start: float | None = None
         self._step_start: float | None = None
@@ -101,7 +108,9 @@ class CostMeter:
             self.last_gap_seconds = max(0.0, now - self._resume_from)
             billed_gap = min(self.last_gap_seconds, self.max_restart_gap_seconds)
             self._closed_seconds += billed_gap
+            self._closed_usd += self.usd(billed_gap)
             self._waste_seconds += billed_gap
+            self._waste_usd += self.usd(billed_gap)
             self._resume_from = None
         if self._segment_start is None:
             self._segment_start = now
@@ -111,7 +120,10 @@ class CostMeter:
     def stop(self) -> None:
         """Stop billing (the end of fit); :meth:`start` continues without a gap."""
         if self._segment_start is not None:
-            self._closed_seconds += self.clock() - self._segment_start
+            elapsed = self.clock() - self._segment_start
+            self._closed_seconds += elapsed
+            self._closed_usd += self.usd(elapsed)
+            self._closed_on_demand_usd += self._on_demand_usd(elapsed)
             self._segment_start = None
         self._step_start = None
 
@@ -129,28 +141,38 @@ class CostMeter:
 
     def seconds(self, now: float | None = None) -> float:
         """Billed wall seconds so far."""
-        running = 0.0
-        if self._segment_start is not None:
-            running = (self.clock() if now is None else now) - self._segment_start
-        return self._closed_seconds + running
+        return self._closed_seconds + self._running_seconds(now)
+
+    def usd_total(self, now: float | None = None) -> float:
+        """Billed dollars so far: earlier attempts at their rates, this one at ``usd_per_hour``."""
+        return self._closed_usd + self.usd(self._running_seconds(now))
 
     def usd(self, seconds: float) -> float:
+        """``seconds`` at this attempt's rate."""
         return seconds * self.usd_per_hour / 3600.0
+
+    def _on_demand_usd(self, seconds: float) -> float:
+        return 0.0 if self.on_demand_usd_per_hour is None else seconds * self.on_demand_usd_per_hour / 3600.0
+
+    def _running_seconds(self, now: float | None) -> float:
+        if self._segment_start is None:
+            return 0.0
+        return (self.clock() if now is None else now) - self._segment_start
 
     def report(self, step: int, total_steps: int | None) -> CostReport:
         """The cost figures at optimizer step ``step``; ``total_steps`` (if known) gives the projected total."""
-        seconds = self.seconds()
-        usd_total = self.usd(seconds)
+        now = self.clock()
+        seconds, usd_total = self.seconds(now), self.usd_total(now)
         savings = None
         if self.on_demand_usd_per_hour is not None:
-            savings = (seconds - self._waste_seconds) * self.on_demand_usd_per_hour / 3600.0 - usd_total
+            savings = self._closed_on_demand_usd + self._on_demand_usd(self._running_seconds(now)) - usd_total
         return CostReport(
             usd_total=usd_total,
             usd_per_hour=self.usd_per_hour,
             usd_per_step=usd_total / step if step > 0 else None,
             usd_per_1k_samples=usd_total * 1000.0 / self._samples if self._samples else None,
             projected_usd=self._projected(usd_total, step, total_steps),
-            preemption_waste_usd=self.usd(self._waste_seconds),
+            preemption_waste_usd=self._waste_usd,
             savings_vs_on_demand_usd=savings,
             idle_fraction=1.0 - self._busy_seconds / seconds if seconds > 0 else 0.0,
             hours=seconds / 3600.0,
@@ -175,10 +197,14 @@ class CostMeter:
         now = self.clock()
         if self._resume_from is not None:  # loaded but not started: the gap since the loaded state is still owed
             now = self._resume_from
+        running = self._running_seconds(now)
         return {
             "seconds": self.seconds(now),
+            "usd": self.usd_total(now),
+            "on_demand_usd": self._closed_on_demand_usd + self._on_demand_usd(running),
             "busy_seconds": self._busy_seconds,
             "waste_seconds": self._waste_seconds,
+            "waste_usd": self._waste_usd,
             "samples": self._samples,
             "saved_at": now,
             "running": (self.running or self.resuming) and not final,  # after stop() or at the end: no gap owed
@@ -190,6 +216,11 @@ class CostMeter:
         self._closed_seconds = float(state["seconds"])
         self._busy_seconds = float(state["busy_seconds"])
         self._waste_seconds = float(state["waste_seconds"])
+        # states of earlier releases hold seconds only: billed at this attempt's rate, as they were then
+        self._closed_usd = float(state.get("usd", self.usd(self._closed_seconds)))
+        self._waste_usd = float(state.get("waste_usd", self.usd(self._waste_seconds)))
+        on_demand = self._on_demand_usd(self._closed_seconds - self._waste_seconds)
+        self._closed_on_demand_usd = float(state.get("on_demand_usd", on_demand))
         self._samples = int(state["samples"])
         self._resume_from = float(state["saved_at"]) if state.get("running", True) else None
         self._segment_start = None

@@ -79,6 +79,31 @@ def test_a_resumed_meter_bills_the_restart_gap_as_waste_and_continues_the_totals
     assert report.usd_per_1k_samples == 4.0 * 1000 / 64  # samples continue from the saved state
 
 
+def test_an_attempt_on_fewer_nodes_keeps_what_the_earlier_one_cost_and_bills_its_own_rate(clock):
+    two_nodes = CostMeter(usd_per_hour=16.0, on_demand_usd_per_hour=40.0, clock=clock)
+    two_nodes.start()
+    clock.advance(900.0)  # 4 USD at 16 USD/h
+    state = two_nodes.state_dict()
+    clock.advance(450.0)  # the restart gap, billed at the nodes that waited for it: 1 USD at 8 USD/h
+    one_node = CostMeter(usd_per_hour=8.0, on_demand_usd_per_hour=20.0, clock=clock)
+    one_node.load_state_dict(state)
+    one_node.start()
+    clock.advance(900.0)  # 2 USD at 8 USD/h
+    report = one_node.report(step=2, total_steps=None)
+    assert (report.usd_total, report.preemption_waste_usd, report.usd_per_hour) == (7.0, 1.0, 8.0)
+    assert report.savings_vs_on_demand_usd == 10.0 + 5.0 - 7.0  # on-demand price of each attempt's useful time
+    assert report.hours == 2250.0 / 3600.0
+
+
+def test_a_state_of_an_earlier_release_is_billed_at_the_new_rate(clock):
+    meter = CostMeter(usd_per_hour=8.0, clock=clock)
+    meter.load_state_dict(
+        {"seconds": 450.0, "busy_seconds": 0.0, "waste_seconds": 0.0, "samples": 0, "saved_at": clock.now}
+    )
+    meter.start()
+    assert meter.report(step=1, total_steps=None).usd_total == 1.0
+
+
 def test_a_restart_gap_above_the_cap_is_billed_at_the_cap(clock):
     first = CostMeter(usd_per_hour=8.0, clock=clock)
     first.start()
