@@ -1,6 +1,6 @@
 """The one place where lightning-scale touches private parts of Lightning.
 
-Lightning 2.6 offers no public hook for twelve things lightning-scale needs; each is wrapped here, and
+Lightning 2.6 offers no public hook for fourteen things lightning-scale needs; each is wrapped here, and
 ``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
 
 1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
@@ -30,7 +30,10 @@ Lightning 2.6 offers no public hook for twelve things lightning-scale needs; eac
     subclass that keeps the parent's contract has to (``ModelCheckpoint`` saves through ``_save_checkpoint``, the
     strategies read the timeout and backend their parent resolved). Private members of other objects are reached
     only through this module and ``_torch_internals.py`` (tests/test_style.py checks);
-13. the process-group timeout a strategy was given (``HangWatchdog`` keeps it longer than its own allowance).
+13. the process-group timeout a strategy was given (``HangWatchdog`` keeps it longer than its own allowance);
+14. an epoch resumed on another number of processes (``DataStateCheckpoint``): its batch count in the checkpoint's loop
+    state, which counts batches of the old world size, and a reload of the training loaders after that epoch (the
+    loader of the resumed epoch deals out its rest only; the loop measures the epochs after it anew).
 """
 
 from __future__ import annotations
@@ -130,6 +133,30 @@ def before_train_iterator(trainer: pl.Trainer, fn: Callable[[list[Any]], None]) 
             fn(list(fit_loop._combined_loader.flattened))
 
     fit_loop._load_combined_loader_states = load_then_call  # type: ignore[method-assign]  # on this instance
+
+
+def shift_batches_in_epoch(checkpoint: dict[str, Any], delta: int) -> None:
+    """Move the count of the current epoch's batches in a checkpoint's fit-loop state by ``delta`` (before the
+    Trainer restores its loops from it)."""
+    progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    for scope in ("current", "total"):
+        for key, value in progress[scope].items():
+            progress[scope][key] = value + delta
+
+
+def reload_train_loaders_after(trainer: pl.Trainer, epoch: int) -> None:
+    """Have the fit loop build its training loaders again (``train_dataloader()`` and every loader processing) at
+    the start of the first epoch after ``epoch``, as ``reload_dataloaders_every_n_epochs`` would."""
+    fit_loop = trainer.fit_loop
+    original = type(fit_loop).setup_data
+
+    def setup_data() -> None:
+        if trainer.current_epoch > epoch:
+            del fit_loop.setup_data  # once: the class method is visible again
+            fit_loop._combined_loader = None
+        original(fit_loop)
+
+    fit_loop.setup_data = setup_data  # type: ignore[method-assign]  # on this instance, until it reloads
 
 
 def train_loaders(trainer: pl.Trainer) -> list[Any]:

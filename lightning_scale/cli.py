@@ -43,7 +43,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 import lightning_scale  # registers the strategies
 from lightning_scale import distributed
@@ -104,8 +104,10 @@ class ScaleCLI(LightningCLI):
             parser.set_defaults({key: {"class_path": class_path, "init_args": init_args}})
 
     def before_instantiate_classes(self) -> None:
-        """Refuse an unknown strategy name and a missing price before anything is built."""
+        """Refuse an unknown strategy name and a missing price before anything is built; under torchrun, train on
+        the nodes its rendezvous formed."""
         config = self.config.get(str(self.subcommand), self.config)
+        _nodes_of_the_rendezvous(config)
         strategy = config.get("trainer", {}).get("strategy")
         if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
             names = ", ".join(sorted(StrategyRegistry.available_strategies()))
@@ -140,6 +142,18 @@ class ScaleCLI(LightningCLI):
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
             callbacks.append(RichProgressBar())  # with the cost so far (CostTracker's progress_bar)
         return super()._instantiate_trainer(config, callbacks)
+
+
+def _nodes_of_the_rendezvous(config: Any) -> None:
+    """``trainer.num_nodes`` set to the number of nodes torchrun's rendezvous formed (``GROUP_WORLD_SIZE``): an
+    elastic job (``--nnodes MIN:MAX``) gets another one whenever nodes leave or join, and Lightning refuses a count
+    that differs from the processes it finds."""
+    formed = os.environ.get("GROUP_WORLD_SIZE")
+    given = config.get("trainer", {}).get("num_nodes", 1)
+    if formed is None or int(formed) == given:
+        return
+    rank_zero_info(f"--trainer.num_nodes {given} -> {formed}: the nodes torchrun's rendezvous formed.")
+    config["trainer.num_nodes"] = int(formed)
 
 
 def _raised_by_lightning_scale(error: BaseException) -> BaseException | None:

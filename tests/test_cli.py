@@ -290,3 +290,20 @@ def test_torchrun_restarts_of_a_usage_error_end_at_once_with_the_same_message(tm
     assert all(r.endswith("(the same usage error stopped this torchrun job's first attempt)") for r in reports[1:])
     assert output(done).count("No valid checkpoint in") == 1  # only the first attempt got as far as setup
     assert 'lightning_scale/strategies/pipeline_parallel.py", line' not in output(done)  # no worker's traceback
+
+
+def test_under_torchrun_the_job_trains_on_the_nodes_its_rendezvous_formed(monkeypatch):
+    """An elastic job (``torchrun --nnodes 1:4``) gets another node count after a node leaves or joins: the command
+    takes it from torchrun instead of refusing the ``--trainer.num_nodes`` it was started with."""
+    from lightning_scale.cli import ScaleCLI
+
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "3")
+    cli = ScaleCLI(
+        args=[*USER_CODE, "--trainer.num_nodes=4", "--trainer.accelerator=cpu", "--trainer.logger=false"], run=False
+    )
+    assert cli.trainer.num_nodes == 3
+    monkeypatch.delenv("GROUP_WORLD_SIZE")
+    assert (
+        ScaleCLI(args=[*USER_CODE, "--trainer.accelerator=cpu", "--trainer.logger=false"], run=False).trainer.num_nodes
+        == 1
+    )

@@ -225,3 +225,50 @@ def test_every_private_member_of_lightning_our_subclasses_rely_on_is_registered_
     from lightning_scale._lightning_internals import INHERITED_PRIVATE
 
     assert private_members_our_subclasses_use() == {cls: set(names) for cls, names in INHERITED_PRIVATE.items()}
+
+
+def test_the_batch_count_of_a_checkpoint_moves_and_the_fit_continues_from_it(tmp_path, tiny_trainer_kwargs):
+    seed_everything(0)
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3)
+    Trainer(max_steps=3, callbacks=[saver], **tiny_trainer_kwargs).fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8)
+    )
+    checkpoint = torch.load(saver.best_model_path, weights_only=True)
+    before = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"]
+    internals.shift_batches_in_epoch(checkpoint, 2)
+    torch.save(checkpoint, tmp_path / "shifted.ckpt")
+    seen = []
+    trainer = Trainer(max_steps=4, callbacks=[OnBatch(seen)], **tiny_trainer_kwargs)
+    trainer.fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8), ckpt_path=tmp_path / "shifted.ckpt"
+    )
+    assert seen == [before + 2]  # the resumed fit counts this epoch's batches from the moved count
+
+
+class OnBatch(Callback):
+    def __init__(self, seen: list[int]) -> None:
+        self.seen = seen
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append(batch_idx)
+
+
+class CountingData(CharDataModule):
+    calls = 0
+
+    def train_dataloader(self):
+        CountingData.calls += 1
+        return super().train_dataloader()
+
+
+class ReloadAfterFirstEpoch(Callback):
+    def on_train_start(self, trainer, pl_module):
+        internals.reload_train_loaders_after(trainer, epoch=0)
+
+
+def test_training_loaders_are_built_again_once_after_the_given_epoch(tiny_trainer_kwargs):
+    CountingData.calls = 0
+    seed_everything(0)
+    trainer = Trainer(max_epochs=3, limit_train_batches=2, callbacks=[ReloadAfterFirstEpoch()], **tiny_trainer_kwargs)
+    trainer.fit(CharTransformer(vocab_size=64), datamodule=CountingData(batch_size=8))
+    assert CountingData.calls == 2  # at the start, and at epoch 1; not again at epoch 2

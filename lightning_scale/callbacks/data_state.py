@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import os
 import secrets
@@ -12,6 +14,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import Sampler
+from torch.utils.data.distributed import DistributedSampler
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
@@ -22,12 +26,22 @@ from lightning_scale._lightning_internals import (
     drop_lightning_loader_state,
     is_last_batch_of_epoch,
     process_dataloaders_with,
+    reload_train_loaders_after,
     sampler_in_lightning_wrapper,
+    shift_batches_in_epoch,
     track_loader_states_when_fetching_ahead,
     train_loaders,
 )
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.checkpoint.rank_local import per_rank
+from lightning_scale.data.elastic import (
+    EpochPosition,
+    RestOfEpoch,
+    RestOfEpochSampler,
+    epoch_position,
+    global_order,
+    rest_of_epoch,
+)
 from lightning_scale.data.resumable_loader import make_resumable, run_seed
 from lightning_scale.data.worker_start import WorkerStartWatchdog
 from lightning_scale.errors import ConfigurationError
@@ -56,8 +70,16 @@ class DataStateCheckpoint(Callback):
     - the RNG states after that iterator exists (mid-epoch), or before it (a checkpoint on an epoch's last batch,
       which resumes into the next epoch instead of running an empty one).
 
-    A checkpoint written by a different number of processes resumes at an epoch boundary (the next epoch is split
-    for the new world size) and is refused mid-epoch, since it would replay or skip samples.
+    A checkpoint written by a different number of processes resumes too (an elastic job that lost or gained nodes):
+    at an epoch's end the next epoch is split for the new world size; in the middle of an epoch every sample the
+    epoch has left is seen exactly once, dealt to the new processes one global batch at a time
+    (:mod:`lightning_scale.data.elastic`), and the epochs after it are those of a run on the new world size. That
+    needs one training ``DataLoader`` with a batch size, drawn through Lightning's distributed sampler (as it is
+    under DDP), made resumable here, and no ``limit_train_batches``; otherwise the resume is refused before the first
+    step, naming why. The RNG states of the old ranks are not restored on another world size. With
+    ``keep_global_batch=True`` the samples per optimizer step stay those of the run that wrote the checkpoint:
+    ``Trainer.accumulate_grad_batches`` is set so (4 processes x 8 samples -> 2 processes x 8 samples x 2 batches
+    per step), and a world size that cannot keep it is refused.
 
     The training loaders are made resumable as users write them (``make_loaders_resumable``, see
     :func:`~lightning_scale.data.resumable_loader.make_resumable`): torch's ``DataLoader`` becomes a
@@ -80,6 +102,8 @@ class DataStateCheckpoint(Callback):
         strict: Refuse to train, before the first step, when a training loader cannot resume exactly.
         worker_start_timeout_s: Seconds a training loader's workers may take to deliver their first batch of an
             epoch (``LIGHTNING_SCALE_WORKER_START_TIMEOUT_S`` sets the default).
+        keep_global_batch: On a resume, set ``Trainer.accumulate_grad_batches`` so that an optimizer step takes as
+            many samples as in the run that wrote the checkpoint, whatever the number of processes now.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -91,6 +115,7 @@ class DataStateCheckpoint(Callback):
         make_loaders_resumable: bool = True,
         strict: bool = False,
         worker_start_timeout_s: float = knobs.WORKER_START_TIMEOUT_S,
+        keep_global_batch: bool = False,
     ) -> None:
         if worker_start_timeout_s <= 0:
             raise ConfigurationError(
@@ -100,12 +125,16 @@ class DataStateCheckpoint(Callback):
         self.make_loaders_resumable = make_loaders_resumable
         self.strict = strict
         self.worker_start_timeout_s = worker_start_timeout_s
+        self.keep_global_batch = keep_global_batch
         self._trainer: pl.Trainer | None = None
         self._pending: dict[str, Any] | None = None
         self._problems: list[str] = []
         self._undo_loaders: Callable[[], None] | None = None
         self._watchdog: WorkerStartWatchdog | None = None
         self._drawn_seed: int | None = None  # the run's seed for loaders the user gave none; checkpointed
+        self._loaded_checkpoint: dict[str, Any] | None = None  # between on_load_checkpoint and load_state_dict
+        self._rest_start: EpochPosition | None = None  # an epoch to finish on this world size, until its loader exists
+        self._rest: RestOfEpoch | None = None  # this rank's share of that epoch, while it runs
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -120,6 +149,8 @@ class DataStateCheckpoint(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = None
         self._pending = None
+        self._loaded_checkpoint = None
+        self._rest_start = self._rest = None
         if self._undo_loaders is not None:
             self._undo_loaders()
             self._undo_loaders = None
@@ -146,7 +177,12 @@ class DataStateCheckpoint(Callback):
             drop_lightning_loader_state(checkpoint)
 
     @override
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        self._loaded_checkpoint = checkpoint  # an elastic resume moves its batch count (load_state_dict, next)
+
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        checkpoint, self._loaded_checkpoint = self._loaded_checkpoint, None
         if self._trainer is None:
             return  # validate/test/predict restore callbacks too; data positions matter only to fit
         check_state_version(state_dict, "DataStateCheckpoint", missing=None)
@@ -157,22 +193,88 @@ class DataStateCheckpoint(Callback):
             self._drawn_seed = self._pending.get("drawn_seed")
             if not self._pending["loaders"]:  # saved before training loaders existed (the Tuner's checkpoint)
                 self._pending["loaders"] = None
+            rest = self._pending.get("rest_start")
+            if rest is not None and not self._pending["end_of_epoch"]:  # saved while finishing an elastic epoch
+                self._rest_start = EpochPosition.from_dict(rest)
+            self._keep_samples_per_step(self._pending)
             return
         rank0 = ranks[0]
-        if not rank0["end_of_epoch"]:
+        self._drawn_seed = rank0.get("drawn_seed")
+        self._pending = {"epoch": rank0["epoch"], "end_of_epoch": rank0["end_of_epoch"], "loaders": None, "rng": None}
+        if rank0["end_of_epoch"]:
+            rank_zero_warn(
+                f"Resuming a checkpoint written by {saved_world} processes with {world}: the next epoch is split for "
+                f"{world} processes and the RNG streams are not restored, so this run will not match one that kept "
+                f"{saved_world} processes."
+            )
+        else:
+            self._resume_epoch_elsewhere(rank0, saved_world, world, checkpoint)
+        self._keep_samples_per_step(rank0)
+
+    def _resume_epoch_elsewhere(
+        self, rank0: dict[str, Any], saved_world: int, world: int, checkpoint: dict[str, Any] | None
+    ) -> None:
+        """Plan the rest of rank 0's epoch for ``world`` processes and count its batches as they will."""
+        start = self._elastic_start(rank0, saved_world, world)
+        replicas = _data_replicas(self._trainer)
+        chunk = replicas * start.batch_size
+        left = start.end - start.consumed
+        batches = left // chunk if start.drop_last else -(-left // chunk)
+        if checkpoint is None:
+            raise RuntimeError("DataStateCheckpoint.load_state_dict ran without on_load_checkpoint before it.")
+        shift_batches_in_epoch(checkpoint, start.consumed // chunk - rank0["batches_consumed"])
+        self._rest_start = start
+        rank_zero_warn(
+            f"Resuming epoch {start.epoch} on {world} processes; the checkpoint was written by {saved_world} after "
+            f"{start.consumed} of its {start.end} samples. The {left} samples left are dealt to {replicas} "
+            f"data-parallel rank(s) ({batches} batches of up to {start.batch_size} each), each seen once; the epochs "
+            f"after it are split for {world} processes, and the RNG streams of the old processes are not restored."
+        )
+
+    def _elastic_start(self, rank0: dict[str, Any], saved_world: int, world: int) -> EpochPosition:
+        positions = rank0.get("positions") or [None]
+        reason = None
+        if len(positions) != 1 or positions[0] is None:
+            reason = (
+                "its training data is not one DataLoader with a batch size drawn through a distributed sampler, or "
+                "the checkpoint is older than elastic resumption"
+            )
+        elif not self.make_loaders_resumable:
+            reason = "DataStateCheckpoint(make_loaders_resumable=False) leaves the loaders as they are"
+        elif self._trainer is not None and self._trainer.limit_train_batches != 1.0:
+            reason = f"limit_train_batches={self._trainer.limit_train_batches} limits the epoch"
+        if reason is not None:
             raise ConfigurationError(
                 f"The checkpoint was written by {saved_world} processes in the middle of epoch {rank0['epoch']} "
-                f"(after {rank0['batches_consumed']} batches per rank); resuming it with {world} processes would "
-                f"replay or skip samples. Resume with {saved_world} processes (Trainer devices/num_nodes, or "
-                "torchrun --nproc-per-node), or from a checkpoint taken at the end of an epoch."
+                f"(after {rank0['batches_consumed']} batches per rank), and its epoch cannot be finished on {world} "
+                f"processes: {reason}. Resume with {saved_world} processes (Trainer devices/num_nodes, or torchrun "
+                "--nproc-per-node), or from a checkpoint taken at the end of an epoch."
             )
-        rank_zero_warn(
-            f"Resuming a checkpoint written by {saved_world} processes with {world}: the next epoch is split for "
-            f"{world} processes and the RNG streams are not restored, so this run will not match one that kept "
-            f"{saved_world} processes."
-        )
-        self._pending = {"epoch": rank0["epoch"], "end_of_epoch": True, "loaders": None, "rng": None}
-        self._drawn_seed = rank0.get("drawn_seed")
+        return EpochPosition.from_dict(positions[0])
+
+    def _keep_samples_per_step(self, saved: dict[str, Any]) -> None:
+        """With ``keep_global_batch``: the accumulation that keeps the saved run's samples per optimizer step."""
+        positions = saved.get("positions") or [None]
+        if not self.keep_global_batch or self._trainer is None or positions[0] is None:
+            return
+        position, trainer = EpochPosition.from_dict(positions[0]), self._trainer
+        world = _data_replicas(trainer)
+        per_batch = position.batch_size * world
+        accumulate, remainder = divmod(position.samples_per_step, per_batch)
+        if remainder or accumulate < 1:
+            raise ConfigurationError(
+                f"DataStateCheckpoint(keep_global_batch=True): the run's optimizer steps take "
+                f"{position.samples_per_step} samples, which {world} processes with batches of {position.batch_size} "
+                f"cannot keep ({position.samples_per_step} is no multiple of {per_batch}). Run on a number of "
+                "processes that divides it, or set keep_global_batch=False."
+            )
+        if trainer.accumulate_grad_batches != accumulate:
+            rank_zero_warn(
+                f"accumulate_grad_batches {trainer.accumulate_grad_batches} -> {accumulate}: {world} processes x "
+                f"{position.batch_size} samples x {accumulate} batches keep the run's {position.samples_per_step} "
+                "samples per optimizer step (DataStateCheckpoint(keep_global_batch=True))."
+            )
+            trainer.accumulate_grad_batches = accumulate
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -181,7 +283,8 @@ class DataStateCheckpoint(Callback):
             return
         for loader, saved in zip(train_loaders(trainer), pending["loaders"] or [], strict=bool(pending["loaders"])):
             _restore_generators(loader, saved["generators"])
-        restore_rng_state(pending["rng"])
+        if pending["rng"] is not None:  # None: another world size's
+            restore_rng_state(pending["rng"])
 
     def _local_state(self, trainer: pl.Trainer) -> dict[str, Any]:
         return {
@@ -194,10 +297,35 @@ class DataStateCheckpoint(Callback):
             ],
             "rng": capture_rng_state(),
             "drawn_seed": self._drawn_seed,
+            "positions": [self._position(trainer, loader) for loader in train_loaders(trainer)],
+            "rest_start": None if self._rest is None else self._rest.start.to_dict(),
         }
+
+    def _position(self, trainer: pl.Trainer, loader: Any) -> dict[str, Any] | None:
+        """Where the job stands in the epoch's global order through ``loader`` (``None``: not measurable)."""
+        batches = consumed_batches_in_epoch(trainer)
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, RestOfEpochSampler):
+            position = sampler.rest.position(batches)
+            per_step = position.batch_size * trainer.accumulate_grad_batches * sampler.rest.world_size
+            return dataclasses.replace(position, samples_per_step=per_step).to_dict()
+        batch_size = getattr(loader, "batch_size", None)
+        if not isinstance(sampler, DistributedSampler) or not batch_size:
+            return None
+        return epoch_position(
+            sampler,
+            epoch=trainer.current_epoch,
+            batches=batches,
+            max_batches=trainer.num_training_batches,
+            batch_size=batch_size,
+            drop_last=bool(loader.drop_last),
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+        ).to_dict()
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._rest is not None and trainer.current_epoch > self._rest.start.epoch:
+            self._rest = None  # the loaders were built anew for this epoch
         self._watch_worker_start(trainer, train_loaders(trainer))
 
     @override
@@ -212,6 +340,7 @@ class DataStateCheckpoint(Callback):
         if trainer is None or not trainer.training or not self.make_loaders_resumable:
             return loader  # only training loaders have a position to resume
         name = f"training dataloader #{len(self._problems)} ({type(loader).__name__})"
+        start, self._rest_start = self._rest_start, None
         result = make_resumable(
             loader,
             seed=self._seed(loader),
@@ -219,9 +348,44 @@ class DataStateCheckpoint(Callback):
             rank=trainer.global_rank,
             name=name,
             inner_sampler=sampler_in_lightning_wrapper,
+            wrap_sampler=None if start is None else functools.partial(self._rest_of_epoch, trainer, start, name),
         )
+        if start is not None and (self._rest is None or result.loader.batch_size != start.batch_size):
+            raise ConfigurationError(
+                f"Epoch {start.epoch} resumes on {trainer.world_size} processes, but {name} cannot deal out its rest: "
+                f"it is no DataLoader with batch_size={start.batch_size} over a distributed sampler, as the loader "
+                "that wrote the checkpoint was. Return the same train_dataloader(), or resume on the old world size."
+            )
         self._problems.append("\n".join(result.problems))
         return result.loader
+
+    def _rest_of_epoch(self, trainer: pl.Trainer, start: EpochPosition, name: str, sampler: Any) -> Sampler[int]:
+        """``sampler`` (the new world's distributed sampler) dealing out the rest of ``start``'s epoch first."""
+        same_order = isinstance(sampler, DistributedSampler) and (sampler.shuffle, sampler.seed) == (
+            start.shuffle,
+            start.seed,
+        )
+        if not same_order:
+            raise ConfigurationError(
+                f"Epoch {start.epoch} resumes on {trainer.world_size} processes, but {name} draws through "
+                f"{type(sampler).__name__}, not a distributed sampler with shuffle={start.shuffle} and "
+                f"seed={start.seed} like the run that wrote the checkpoint: its order cannot be continued. Resume "
+                "with the same seed and sampler, or on the old world size."
+            )
+        order = global_order(sampler, start.epoch)
+        if len(order) < start.end:
+            raise ConfigurationError(
+                f"{name}'s dataset has {len(order)} samples, fewer than the {start.end} of the epoch being resumed: "
+                "resume with the dataset that wrote the checkpoint."
+            )
+        self._rest = rest_of_epoch(order, start, sampler.num_replicas, sampler.rank)  # data-parallel ranks
+        if self._rest.repeated:
+            rank_zero_warn(
+                f"Epoch {start.epoch} has fewer samples left than the {trainer.world_size} processes: "
+                f"{self._rest.repeated} sample(s) are seen twice so that every process takes the last step."
+            )
+        reload_train_loaders_after(trainer, start.epoch)
+        return RestOfEpochSampler(sampler, self._rest)
 
     def _seed(self, loader: Any) -> int:
         """The user's seed for ``loader``; without one, a seed drawn once per run (by rank 0, for every rank) and kept
@@ -323,6 +487,15 @@ def _set_sampler_epoch(loader: Any, epoch: int) -> None:
     for sampler in _samplers(loader):
         if callable(getattr(sampler, "set_epoch", None)):
             sampler.set_epoch(epoch)
+
+
+def _data_replicas(trainer: pl.Trainer | None) -> int:
+    """The ranks that read different batches (every process under DDP; one per model replica under tensor
+    parallelism), as the strategy tells Lightning's distributed sampler."""
+    if trainer is None:
+        return distributed.world_size()
+    kwargs = trainer.distributed_sampler_kwargs or {}
+    return int(kwargs.get("num_replicas", trainer.world_size))
 
 
 def _seed_everything_seed() -> int | None:

@@ -108,6 +108,7 @@ def make_resumable(
     rank: int = 0,
     name: str = "training dataloader",
     inner_sampler: Callable[[Any], Any] = lambda sampler: None,
+    wrap_sampler: Callable[[Any], Any] | None = None,
 ) -> ResumableLoader:
     """Make ``loader`` resume exactly mid-epoch, or say what keeps it from doing so.
 
@@ -131,6 +132,8 @@ def make_resumable(
         name: How to call the loader in messages.
         inner_sampler: Returns the sampler wrapped inside a distributed sampler (Lightning's
             ``DistributedSamplerWrapper``), ``None`` for any other.
+        wrap_sampler: Called with the (seeded) sampler of a rebuilt loader that has a batch size; the loader draws
+            from what it returns instead (an elastic resume's rest of an epoch). Not called for other loaders.
     """
     problems = _problems(loader, name, inner_sampler)
     if type(loader) not in _REBUILT_TYPES:
@@ -159,8 +162,9 @@ def make_resumable(
     elif batch_sampler is None:  # batch_size=None: no automatic batching
         kwargs.update(sampler=_seeded(loader.sampler, seed, inner_sampler), batch_size=None)
     elif loader.batch_size is not None or type(batch_sampler) in _PLAIN_BATCH_SAMPLERS:
+        sampler = _seeded(batch_sampler.sampler, seed, inner_sampler)
         kwargs.update(
-            sampler=_seeded(batch_sampler.sampler, seed, inner_sampler),
+            sampler=sampler if wrap_sampler is None else wrap_sampler(sampler),
             batch_size=batch_sampler.batch_size,
             drop_last=batch_sampler.drop_last,
         )

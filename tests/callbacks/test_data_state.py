@@ -11,6 +11,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from examples.char_transformer import CharDataModule
 from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
+from lightning_scale.data.elastic import EpochPosition
 from tests import fitting
 from tests.data.user_code import OwnOrder
 
@@ -28,6 +29,41 @@ def test_mid_epoch_checkpoint_from_another_world_size_is_refused():
     state = {"version": 1, "world_size": 2, "rank_0": rank_state(False), "rank_1": rank_state(False)}
     with pytest.raises(ValueError, match=r"written by 2 processes in the middle of epoch 3.*Resume with 2 processes"):
         set_up_for_fit(DataStateCheckpoint()).load_state_dict(state)
+
+
+def position(samples_per_step: int = 8, batch_size: int = 4) -> dict:
+    return EpochPosition(
+        epoch=3, consumed=136, end=200, batch_size=batch_size, drop_last=False, samples_per_step=samples_per_step,
+        shuffle=True, seed=0,
+    ).to_dict()  # fmt: skip
+
+
+def two_ranks(end_of_epoch: bool, **position_kwargs) -> dict:
+    ranks = [{**rank_state(end_of_epoch), "positions": [position(**position_kwargs)]} for _ in range(2)]
+    return {"version": 1, "world_size": 2, "ranks": ranks}
+
+
+def test_a_mid_epoch_resume_on_another_world_size_names_why_it_cannot_finish_the_epoch():
+    callback = DataStateCheckpoint()
+    callback.setup(Trainer(logger=False, enable_progress_bar=False, limit_train_batches=5), None, "fit")
+    with pytest.raises(ValueError, match=r"cannot be finished on 1 processes: limit_train_batches=5 limits the epoch"):
+        callback.load_state_dict(two_ranks(end_of_epoch=False))
+    without = set_up_for_fit(DataStateCheckpoint(make_loaders_resumable=False))
+    with pytest.raises(ValueError, match=r"make_loaders_resumable=False\) leaves the loaders as they are"):
+        without.load_state_dict(two_ranks(end_of_epoch=False))
+
+
+def test_keep_global_batch_sets_the_accumulation_that_keeps_the_samples_per_step():
+    callback = set_up_for_fit(DataStateCheckpoint(keep_global_batch=True))
+    with pytest.warns(UserWarning, match=r"accumulate_grad_batches 1 -> 2: 1 processes x 4 samples x 2 batches"):
+        callback.load_state_dict(two_ranks(end_of_epoch=True))
+    assert callback._trainer.accumulate_grad_batches == 2
+    refused = set_up_for_fit(DataStateCheckpoint(keep_global_batch=True))
+    with (
+        pytest.raises(ValueError, match=r"12 samples, which 1 processes with batches of 8 cannot keep"),
+        pytest.warns(),
+    ):
+        refused.load_state_dict(two_ranks(end_of_epoch=True, samples_per_step=12, batch_size=8))
 
 
 def test_outside_fit_the_data_state_is_ignored():
