@@ -189,7 +189,9 @@ def run_interrupted_and_reference(
 def read_traces(out_dir: str | Path, devices: int) -> dict[int, list[dict[str, Any]]]:
     """Per rank, the runner's record of every training step of the job in ``out_dir`` (empty for a missing rank).
 
-    Each record holds ``step``, ``epoch``, ``batch`` (a digest), ``loss`` (``float.hex``), and when traced
+    Each record holds ``step`` (after the batch), ``for_step`` (the optimizer step its gradient goes into),
+    ``attempt`` (when its attempt started), ``world`` (processes), ``epoch``, ``batch`` (a digest), ``loss``
+    (``float.hex``), and when traced
     ``sample_ids`` and ``params`` (a digest per parameter).
     """
     traces = {}

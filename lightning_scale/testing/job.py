@@ -65,7 +65,7 @@ class JobConfig:
         steps: Optimizer steps to train (``Trainer(max_steps=...)``).
         checkpoint_every: Checkpoint every this many steps.
         devices: Processes per node (gloo).
-        num_nodes: Nodes (torchrun agents).
+        num_nodes: Nodes (torchrun agents); under torchrun the job takes the number its rendezvous formed.
         seed: Seed passed to ``seed_everything``.
         strategy: ``ddp`` (Lightning's), ``data_parallel`` or ``model_parallel`` (lightning-scale's).
         strategy_kwargs: Arguments of that strategy.
@@ -91,6 +91,7 @@ class JobConfig:
         wandb_dir: Log to an offline W&B run there.
         stuck_after_s: Dump every thread's stack into the log if no step has started this long after set-up.
         hang_watchdog: Add ``HangWatchdog`` with these arguments.
+        data_state: Add ``DataStateCheckpoint`` with these arguments (else ``ResumableCheckpoint`` adds its own).
     """
 
     model_factory: str
@@ -121,6 +122,7 @@ class JobConfig:
     wandb_dir: str | None = None
     stuck_after_s: float = 60.0
     hang_watchdog: Mapping[str, Any] | None = None
+    data_state: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.interrupt_at is not None:

@@ -26,8 +26,9 @@ def launch_command(
     processes: int,
     *,
     max_restarts: int | None = None,
-    nodes: int = 1,
+    nodes: int | str = 1,
     rendezvous_endpoint: str | None = None,
+    rendezvous_conf: str | None = None,
 ) -> list[str]:
     """``python -m torch.distributed.run ... TARGET``, or ``python TARGET`` for one process on one node.
 
@@ -35,14 +36,16 @@ def launch_command(
         target: What each process runs: ``["-m", "module", *args]`` or ``["script.py", *args]``.
         processes: Processes per node (``--nproc-per-node``).
         max_restarts: torchrun's ``--max-restarts`` (default: torchrun's own).
-        nodes: torchrun agents of the job; more than one needs ``rendezvous_endpoint``.
+        nodes: torchrun agents of the job, or ``"MIN:MAX"`` for an elastic one; more than one needs
+            ``rendezvous_endpoint``.
         rendezvous_endpoint: ``host:port`` of a c10d rendezvous shared by the agents (default: ``--standalone``).
+        rendezvous_conf: torchrun's ``--rdzv-conf`` (e.g. ``"last_call_timeout=2"``).
 
     Example:
         >>> launch_command(["-m", "my_job"], 2, max_restarts=1)[1:]  # doctest: +NORMALIZE_WHITESPACE
         ['-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2', '--max-restarts=1', '-m', 'my_job']
     """
-    if nodes > 1 and rendezvous_endpoint is None:
+    if nodes not in (1, "1") and rendezvous_endpoint is None:
         raise ValueError(f"nodes={nodes} needs a rendezvous_endpoint ('host:port') that every agent reaches.")
     if processes == 1 and nodes == 1:
         return [sys.executable, *target]
@@ -50,6 +53,8 @@ def launch_command(
     if rendezvous_endpoint is not None:
         rendezvous = [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous_endpoint}"]
         rendezvous.append("--rdzv-id=lightning-scale")
+        if rendezvous_conf is not None:
+            rendezvous.append(f"--rdzv-conf={rendezvous_conf}")
     restarts = [] if max_restarts is None else [f"--max-restarts={max_restarts}"]
     return [
         sys.executable,

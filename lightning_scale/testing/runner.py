@@ -34,6 +34,7 @@ from lightning_scale._torch_internals import tree_flatten
 from lightning_scale.callbacks import (
     BudgetedEarlyStopping,
     CostTracker,
+    DataStateCheckpoint,
     DivergenceRollback,
     HangWatchdog,
     ResumableCheckpoint,
@@ -82,11 +83,24 @@ class _Tracer(Callback):
     def __init__(self, out_dir: Path, trace_params: bool) -> None:
         self.out_dir = out_dir
         self.trace_params = trace_params
+        self.attempt = 0.0
+        self.step_before = 0
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.attempt = distributed.broadcast_object(time.time())  # one id for every rank of this attempt
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
+        self.step_before = trainer.global_step
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
         record: dict[str, Any] = {
             "step": trainer.global_step,
+            "for_step": self.step_before + 1,  # the optimizer step this batch's gradient goes into
+            "attempt": self.attempt,
+            "world": trainer.world_size,
             "epoch": trainer.current_epoch,
             "batch": _batch_digest(batch),
             "loss": float(outputs["loss"]).hex() if isinstance(outputs, dict) else None,
@@ -215,6 +229,8 @@ def _callbacks(config: JobConfig, out_dir: Path) -> list[Callback]:
         callbacks.append(FaultInjector(config.faults, record_dir=out_dir))
     if config.hang_watchdog is not None:
         callbacks.append(HangWatchdog(**config.hang_watchdog))
+    if config.data_state is not None:
+        callbacks.append(DataStateCheckpoint(**config.data_state))
     return callbacks
 
 
@@ -246,7 +262,7 @@ def main(config_path: str | Path) -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=config.devices,
-        num_nodes=config.num_nodes,
+        num_nodes=int(os.environ.get("GROUP_WORLD_SIZE", config.num_nodes)),  # torchrun's, in an elastic job
         strategy=_strategy(config),
         max_steps=config.steps,
         callbacks=callbacks,
