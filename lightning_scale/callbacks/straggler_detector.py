@@ -42,7 +42,8 @@ class StragglerDetector(Callback):
     Logged metrics (every logging window): ``stragglers/slowdown`` (the slowest rank's busy time over the others'
     median), ``stragglers/slowest_rank``, ``stragglers/rank`` (the straggler, -1 for none), ``stragglers/idle_fraction``
     (the job's rank-time spent waiting for the slowest rank), ``stragglers/usd`` (with a ``CostTracker``: the price of
-    that wait in the windows where the slowest rank was slow, so far). A straggler is also logged as a hyperparameter
+    that wait in the windows where a straggler was slow, the ``patience`` windows that made it one included, so far;
+    a single slow window of a balanced job costs nothing here). A straggler is also logged as a hyperparameter
     ``straggler_rank_<r>`` holding its host.
 
     Args:
@@ -58,7 +59,7 @@ class StragglerDetector(Callback):
         self.factor, self.patience = factor, patience
         self.tally = StragglerTally(factor, patience)  # checks the arguments
         self.usd = 0.0
-        """What waiting for slow ranks cost so far (with a CostTracker)."""
+        """What waiting for stragglers cost so far (with a CostTracker; see :attr:`StragglerTally.usd`)."""
         self.named: dict[int, str] = {}
         """Every rank named a straggler during this fit, with its host."""
         self.measurable = True
@@ -145,18 +146,20 @@ class StragglerDetector(Callback):
         window = torch.tensor([wall - self._waited, wall], dtype=torch.float64, device=pl_module.device)
         gathered = trainer.strategy.all_gather(window).reshape(-1, 2).cpu()
         self._window_start = None
-        verdict = self.tally.judge(gathered[:, 0].tolist(), wall_seconds=float(gathered[:, 1].max()))
-        self._last = verdict
+        wall_seconds = float(gathered[:, 1].max())
         tracker = next((cb for cb in trainer_callbacks(trainer) if isinstance(cb, CostTracker)), None)
-        if tracker is not None and tracker.meter is not None and verdict.slowdown >= self.factor:
-            self.usd += verdict.idle_fraction * tracker.meter.usd(float(gathered[:, 1].max()))
+        priced = tracker is not None and tracker.meter is not None
+        usd = tracker.meter.usd(wall_seconds) if tracker is not None and tracker.meter is not None else 0.0
+        verdict = self.tally.judge(gathered[:, 0].tolist(), wall_seconds=wall_seconds, usd=usd)
+        self._last = verdict
+        self.usd = self.tally.usd
         metrics = {
             "stragglers/slowdown": verdict.slowdown,
             "stragglers/slowest_rank": float(verdict.slowest_rank),
             "stragglers/rank": float(-1 if verdict.straggler is None else verdict.straggler),
             "stragglers/idle_fraction": verdict.idle_fraction,
         }
-        if tracker is not None:
+        if priced:
             metrics["stragglers/usd"] = self.usd
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)  # the same values on every rank
         if verdict.straggler is not None and verdict.straggler not in self.named:
@@ -197,7 +200,7 @@ class StragglerDetector(Callback):
             f"rank {rank} on {host} (slow in {self.tally.slow_windows.get(rank, 0)} of {windows} windows)"
             for rank, host in self.named.items()
         )
-        cost = f"; waiting for slow ranks cost ${self.usd:.4f}" if self.usd else ""
+        cost = f"; waiting for stragglers cost ${self.usd:.4f}" if self.usd else ""
         return f"Stragglers: {named}{cost}."
 
     def _remove_hooks(self) -> None:

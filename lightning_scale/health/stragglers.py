@@ -63,9 +63,14 @@ class StragglerTally:
         """Per rank, the windows in which it was slow."""
         self.windows = 0
         """Windows judged."""
+        self.usd = 0.0
+        """What waiting for stragglers cost: the windows where a straggler was slow, the ``patience`` slow windows
+        that made it one included (a single slow window of a balanced job costs nothing)."""
+        self._streak_usd = 0.0
 
-    def judge(self, busy_seconds: Sequence[float], wall_seconds: float) -> WindowVerdict:
-        """One window: every rank's busy seconds (indexed by rank) and the window's wall-clock seconds."""
+    def judge(self, busy_seconds: Sequence[float], wall_seconds: float, usd: float = 0.0) -> WindowVerdict:
+        """One window: every rank's busy seconds (indexed by rank), the window's wall-clock seconds and what the
+        window cost the job (``usd``: its idle fraction of that goes to :attr:`usd` if a straggler caused it)."""
         self.windows += 1
         slowest = max(range(len(busy_seconds)), key=lambda rank: busy_seconds[rank])
         others = [busy for rank, busy in enumerate(busy_seconds) if rank != slowest]
@@ -75,11 +80,17 @@ class StragglerTally:
         slowdown = busy_seconds[slowest] / median if median > 0 else 1.0
         waits = sum(busy_seconds[slowest] - busy for busy in others)
         idle = waits / (len(busy_seconds) * wall_seconds) if wall_seconds > 0 else 0.0
+        idle = min(idle, 1.0)
         if slowdown >= self.factor:
-            self._streak = self._streak + 1 if slowest == self._candidate else 1
+            continued = slowest == self._candidate
+            self._streak = self._streak + 1 if continued else 1
+            self._streak_usd = idle * usd + (self._streak_usd if continued else 0.0)
             self._candidate = slowest
             self.slow_windows[slowest] = self.slow_windows.get(slowest, 0) + 1
         else:
-            self._candidate, self._streak = None, 0
+            self._candidate, self._streak, self._streak_usd = None, 0, 0.0
         straggler = slowest if self._streak >= self.patience else None
-        return WindowVerdict(slowest, slowdown, min(idle, 1.0), straggler)
+        if straggler is not None:
+            self.usd += self._streak_usd
+            self._streak_usd = 0.0
+        return WindowVerdict(slowest, slowdown, idle, straggler)

@@ -42,7 +42,7 @@ def test_a_slowed_rank_is_named_in_the_metrics_the_hyperparameters_and_the_repor
     host = socket.gethostname()
     assert slowed["named"] == {"1": host}
     assert f"straggler_rank_1: {host}" in (slowed["out"] / "hparams.yaml").read_text()
-    assert f"Stragglers: rank 1 on {host} (slow in 6 of 6 windows); waiting for slow ranks cost $" in slowed["report"]
+    assert f"Stragglers: rank 1 on {host} (slow in 6 of 6 windows); waiting for stragglers cost $" in slowed["report"]
     assert f"StragglerDetector: rank 1 on {host} is a straggler" in slowed["log"]
     assert "Stragglers: rank 1" in slowed["log"]  # the end-of-fit line, printed by rank 0
 
@@ -67,3 +67,19 @@ def test_the_tally_names_only_a_rank_slow_in_patience_windows_in_a_row():
     assert verdict.idle_fraction == pytest.approx(1.4 / 6)  # ranks 1 and 2 wait 0.7 s each of 3 x 2 s
     assert tally.judge([1.0, 1.1, 1.0], wall_seconds=2.0).straggler is None  # below the factor: forgotten
     assert tally.slow_windows == {1: 1, 0: 2} and tally.windows == 4
+
+
+def test_the_cost_counts_the_windows_of_a_straggler_not_a_single_slow_window():
+    tally = StragglerTally(factor=1.5, patience=3)
+    windows = [  # rank 1's busy seconds against rank 0's 1.0, each window of 2 s costing 10 USD
+        (1.6, None),  # slow once, as a balanced job under load can be: costs nothing here
+        (1.1, None),
+        (1.7, None),
+        (1.8, None),
+        (1.9, 1),  # the third slow window in a row: a straggler, its streak counted
+        (2.0, 1),
+    ]
+    for busy, straggler in windows:
+        assert tally.judge([1.0, busy], wall_seconds=2.0, usd=10.0).straggler == straggler
+    idle = [(busy - 1.0) / 4.0 for busy, _ in windows[2:]]  # the wait over 2 ranks x 2 s
+    assert tally.usd == pytest.approx(10.0 * sum(idle))
