@@ -128,9 +128,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small state, 1 repeat (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "checkpoint_async.json"), help="where to write the JSON")
     args = parser.parse_args()
-    sizes, repeats, steps, every, compute_s = (
-        ([5], 1, 6, 2, 0.01) if args.quick else ([50, 200, 800], 5, 60, 20, 0.05)
-    )
+    sizes, repeats, steps, every, compute_s = ([5], 1, 6, 2, 0.01) if args.quick else ([50, 200, 800], 5, 60, 20, 0.05)
     torch.set_num_threads(1)
 
     runs: dict[str, dict[str, list[dict[str, float]]]] = {str(s): {v: [] for v in VARIANTS} for s in sizes}
