@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 from lightning.pytorch.tuner import Tuner
 from torch import nn
+from torch.multiprocessing.spawn import ProcessExitedException
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_scale.callbacks import (
@@ -71,7 +72,13 @@ def test_ddp_spawn_trains_and_checkpoints_with_resumable_checkpoint(tmp_path):
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=4, callbacks=[checkpoint],
                       logger=False, enable_progress_bar=False, limit_val_batches=0,
                       default_root_dir=tmp_path)  # fmt: skip
-    trainer.fit(UserMLP(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
+    try:
+        trainer.fit(UserMLP(), datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
+    except ProcessExitedException as exit_:
+        # pytorch#179291: a gloo group that a finished spawned process frees at interpreter exit can abort it
+        # ("terminate called without an active exception", seen once in CI); an error in the run raises otherwise
+        if exit_.signal_name != "SIGABRT":
+            raise
     names = sorted(p.name for p in (tmp_path / "ckpts").glob("*.ckpt"))
     assert names == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
 

@@ -167,7 +167,7 @@ def test_a_job_that_loses_and_regains_nodes_sees_every_sample_once_and_follows_t
         _wait_for(_reached(out, world=2, step=8), "step 8 on 2 nodes", out)
         nodes["b"].lose()  # mid-epoch 0, after the checkpoint of step 6
 
-        _wait_for(_reached(out, world=1, step=18), "step 18 on the node left", out)
+        _wait_for(_reached(out, world=1, step=14), "step 14 on the node left", out)
         shrunk = max(r["attempt"] for r in _records(out))
         nodes["c"] = Node(job, port, "c")  # the agent sees a node waiting and restarts its workers with SIGTERM
         _wait_for(_reached(out, world=2, step=31, after=shrunk), "step 31 on 2 nodes again", out)
@@ -198,14 +198,16 @@ def test_a_job_that_loses_and_regains_nodes_sees_every_sample_once_and_follows_t
 
     log = "\n".join(path.read_text(errors="replace") for path in sorted(out.glob("node_*.txt")))
     changes = [line.split("CostTracker: ")[1].split(":")[0] for line in log.splitlines() if "CostTracker: the" in line]
-    assert changes == [
+    assert sorted(changes) == [  # rank 0 of an attempt may be on either node: the logs are not in time order
+        "the job runs on 1 node(s) now, 2 before",
         "the job runs on 1 node(s) now, 2 before",
         "the job runs on 2 node(s) now, 1 before",
-        "the job runs on 1 node(s) now, 2 before",
     ], changes
     assert log.count("accumulate_grad_batches 1 -> 2") == 2  # on 1 node; on 2 the Trainer's own 1 keeps it
-    assert log.count("Resuming epoch 0 on 1 processes") == 1  # B was lost in epoch 0; C joined and left mid-epoch
-    assert log.count("Resuming epoch") == 3 and log.count("the epochs after it are split for") == 3
+    assert log.count("Resuming epoch 0 on 1 processes") == 1  # B was lost in epoch 0, after the checkpoint of step 6
+    assert log.count("Resuming epoch 2 on 1 processes") == 1  # C's notice came in epoch 2 (steps 25-36)
+    # C joins ~6-10 steps after step 14: the save it causes usually falls inside epoch 1 (steps 13-24), else on its end
+    assert log.count("Resuming epoch") + log.count("the next epoch is split for") == 3
 
 
 @pytest.mark.multiprocess
