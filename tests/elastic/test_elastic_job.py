@@ -167,11 +167,11 @@ def test_a_job_that_loses_and_regains_nodes_sees_every_sample_once_and_follows_t
         _wait_for(_reached(out, world=2, step=8), "step 8 on 2 nodes", out)
         nodes["b"].lose()  # mid-epoch 0, after the checkpoint of step 6
 
-        _wait_for(_reached(out, world=1, step=14), "step 14 on the node left", out)
+        _wait_for(_reached(out, world=1, step=18), "step 18 on the node left", out)
         shrunk = max(r["attempt"] for r in _records(out))
         nodes["c"] = Node(job, port, "c")  # the agent sees a node waiting and restarts its workers with SIGTERM
-        _wait_for(_reached(out, world=2, step=31, after=shrunk), "step 31 on 2 nodes again", out)
-        reclaimed = nodes["c"].reclaim_after_notice()  # mid-epoch 2
+        _wait_for(_reached(out, world=2, step=40, after=shrunk), "step 40 on 2 nodes again", out)
+        reclaimed = nodes["c"].reclaim_after_notice()  # mid-epoch 3
 
         assert nodes["a"].process.wait(timeout=TIMEOUT_S) == 0
         _wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in reclaimed), "the notified worker", out)
@@ -205,37 +205,42 @@ def test_a_job_that_loses_and_regains_nodes_sees_every_sample_once_and_follows_t
     ], changes
     assert log.count("accumulate_grad_batches 1 -> 2") == 2  # on 1 node; on 2 the Trainer's own 1 keeps it
     assert log.count("Resuming epoch 0 on 1 processes") == 1  # B was lost in epoch 0, after the checkpoint of step 6
-    assert log.count("Resuming epoch 2 on 1 processes") == 1  # C's notice came in epoch 2 (steps 25-36)
-    # C joins ~6-10 steps after step 14: the save it causes usually falls inside epoch 1 (steps 13-24), else on its end
+    assert log.count("Resuming epoch 3 on 1 processes") == 1  # C's notice came in epoch 3 (steps 37-48)
+    # C joins 8-10 steps (about 2 s) after step 18: the save it causes falls inside epoch 2 (steps 25-36), or else on
+    # an epoch's end, where the next epoch is split for the new world
     assert log.count("Resuming epoch") + log.count("the next epoch is split for") == 3
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_a_model_parallel_job_finishes_its_epoch_on_one_process_from_a_sharded_checkpoint_of_two(tmp_path):
-    """FSDP2 on 2 processes killed mid-epoch after a sharded checkpoint; the job on 1 process reshards the weights and
-    deals the rest of the epoch: every sample once, each step the samples of the uninterrupted 2-process run."""
+def test_a_model_parallel_job_grows_mid_epoch_from_one_process_to_two_keeping_its_global_batch(tmp_path):
+    """FSDP2 on 1 process (2 batches per optimizer step) killed mid-epoch after a sharded checkpoint; the same command
+    on 2 processes reshards the weights, deals them the rest of the epoch and steps after every batch: every sample
+    once, each step the samples and the loss of an uninterrupted 2-process run. The elastic job above meets a growth
+    wherever torchrun's restart falls; this one is in the middle of an epoch by construction."""
     config = _config(
         steps=18,
         strategy="model_parallel",
         strategy_kwargs={"min_params_to_shard": 1},
-        devices=2,
+        devices=1,
+        trainer_kwargs={"accumulate_grad_batches": 2},  # 1 process x 4 samples x 2 batches: 8 samples per step
         spot_preemption=None,
         cost=None,
         max_restarts=0,
         launch_env={},
         checkpoint_dirpath=str(tmp_path / "checkpoints"),
     )
-    reference = write_job(tmp_path / "reference", dataclasses.replace(config, checkpoint_dirpath=None))
-    run_attempt(reference, TIMEOUT_S, expect="finish")
-    run_attempt(write_job(tmp_path / "two", dataclasses.replace(config, interrupt_at=6)), TIMEOUT_S, expect="marker")
-    run_attempt(write_job(tmp_path / "one", dataclasses.replace(config, devices=1)), TIMEOUT_S, expect="finish")
+    reference = dataclasses.replace(config, devices=2, trainer_kwargs={}, checkpoint_dirpath=None)
+    run_attempt(write_job(tmp_path / "reference", reference), TIMEOUT_S, expect="finish")
+    run_attempt(write_job(tmp_path / "one", dataclasses.replace(config, interrupt_at=6)), TIMEOUT_S, expect="marker")
+    run_attempt(write_job(tmp_path / "two", dataclasses.replace(config, devices=2)), TIMEOUT_S, expect="finish")
 
-    records = _effective(_records(tmp_path / "two") + _records(tmp_path / "one"))
+    records = _effective(_records(tmp_path / "one") + _records(tmp_path / "two"))
     assert sorted(i for r in records if r["epoch"] == 0 for i in r["sample_ids"]) == list(range(N_SAMPLES))
-    elastic, uninterrupted = _per_step(records), _per_step(_records(reference.parent))
+    elastic, uninterrupted = _per_step(records), _per_step(_records(tmp_path / "reference"))
     assert sorted(elastic) == sorted(uninterrupted) == list(range(1, 19))
     for step, (samples, loss) in uninterrupted.items():
         assert elastic[step][0] == samples, f"step {step} took other samples"
         assert abs(elastic[step][1] - loss) <= LOSS_TOLERANCE * loss, f"step {step}: {elastic[step][1]} vs {loss}"
-    assert "Resuming epoch 0 on 1 processes" in (tmp_path / "one" / "log.txt").read_text()
+    log = (tmp_path / "two" / "log.txt").read_text()
+    assert "Resuming epoch 0 on 2 processes" in log and "accumulate_grad_batches 2 -> 1" in log
