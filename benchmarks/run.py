@@ -2,9 +2,11 @@
 
 Each benchmark script runs its variants interleaved and repeated (warm-up, then >= 5 repeats; medians and min-max) and
 writes its own JSON (``benchmarks/results/<name>.json``); this script runs them one after another, never two at once,
-and writes ``benchmarks/results/latest.json``: the machine, the summary rows, and every script's full result. A full run
-of every benchmark also rewrites the README's summary table (:func:`readme_block`, between its ``bench-summary``
-markers), which tests/test_readme.py checks against ``latest.json``.
+and writes ``benchmarks/results/latest.json``: the runs its rows come from (command, date, the commit measured and the
+machine of each: an ``--only`` refresh is a run of its own, see :func:`merge_runs`), the summary rows, and every
+script's full result. A run that leaves every benchmark with a result also rewrites the README's summary table
+(:func:`readme_block`, between its ``bench-summary`` markers), which tests/test_readme.py checks against
+``latest.json``.
 
     .venv/bin/python benchmarks/run.py            # the full suite (about 60 min on 2 cores)
     .venv/bin/python benchmarks/run.py --quick    # a smoke run (under 4 min): small sizes, few repeats
@@ -198,14 +200,45 @@ def markdown(summary: list[Row]) -> str:
 
 
 def readme_block(latest: dict[str, Any]) -> str:
-    """What the README shows between its ``bench-summary`` markers: the table, the machine and the command."""
-    m = latest["machine"]
-    commands = ", then ".join(f"`{command}`" for command in latest["command"].split(", then "))  # --only runs
-    return (
-        f"{markdown(latest['summary'])}\n\n"
-        f"{commands} on {latest['date']}: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
-        f"torch {m['torch']}, Lightning {m['lightning']}; {sum(latest['seconds'].values()) / 60:.0f} min."
-    )
+    """What the README shows between its ``bench-summary`` markers: the table, then each run its rows come from
+    (command, date, commit, machine)."""
+    lines = [markdown(latest["summary"]), "", "The rows come from these runs:", ""]
+    for run in latest["runs"]:
+        m = run["machine"]
+        commit = f"at {run['commit']}" if run.get("commit") else f"recorded in {run['recorded_in']}"
+        lines.append(
+            f"- `{run['command']}` on {run['date']} {commit}: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
+            f"torch {m['torch']}, Lightning {m['lightning']} ({', '.join(run['benchmarks'])})"
+        )
+    lines += ["", f"{sum(latest['seconds'].values()) / 60:.0f} min of benchmarks in all."]
+    return "\n".join(lines)
+
+
+def merge_runs(earlier: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs behind the summary once ``run`` has replaced the rows of its benchmarks.
+
+    Example:
+        >>> full = {"command": "benchmarks/run.py", "benchmarks": ["a", "b"]}
+        >>> only = {"command": "benchmarks/run.py --only b", "benchmarks": ["b"]}
+        >>> [r["benchmarks"] for r in merge_runs(merge_runs([], full), only)]
+        [['a'], ['b']]
+        >>> [r["command"] for r in merge_runs([full, only], {**full, "command": "benchmarks/run.py"})]
+        ['benchmarks/run.py']
+    """
+    kept = [{**r, "benchmarks": [b for b in r["benchmarks"] if b not in run["benchmarks"]]} for r in earlier]
+    return [r for r in kept if r["benchmarks"]] + [run]
+
+
+def _commit() -> str:
+    """The checkout measured: its short commit, with ``+changes`` when tracked files differ from it."""
+    try:
+        git = ["git", "-C", str(HERE.parent)]
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        status = [*git, "status", "--porcelain", "--untracked-files=no"]
+        changed = subprocess.run(status, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
 
 
 def update_readme(latest: dict[str, Any], readme: Path = README) -> None:
@@ -225,16 +258,13 @@ def main() -> None:
     args = parser.parse_args()
     names = args.only or list(BENCHMARKS)
 
-    command_line = " ".join(["benchmarks/run.py", *sys.argv[1:]])
+    command_line = " ".join(["benchmarks/run.py", *(arg for arg in sys.argv[1:] if not arg.startswith("--out"))])
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
+    runs: list[dict[str, Any]] = []
     previous = json.loads(Path(args.out).read_text()) if args.only and Path(args.out).exists() else None
     if previous is not None and previous["quick"] == args.quick:  # --only refreshes those rows of the last run
-        results, seconds = previous["results"], previous["seconds"]
-        if not previous["command"].endswith(command_line):  # the same refresh again is named once
-            command_line = f"{previous['command']}, then {command_line}"
-        else:
-            command_line = previous["command"]
+        results, seconds, runs = previous["results"], previous["seconds"], previous["runs"]
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:  # one at a time: concurrent benchmarks would measure each other
             out = Path(scratch if args.quick else RESULTS) / f"{name}.json"
@@ -254,10 +284,10 @@ def main() -> None:
     machine = machine_info()
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
           f"lightning {machine['lightning']}; {sum(seconds.values()) / 60:.1f} min")  # fmt: skip
+    run = {"command": command_line, "date": time.strftime("%Y-%m-%d"), "commit": _commit(), "machine": machine,
+           "benchmarks": names}  # fmt: skip
     latest = {
-        "machine": machine,
-        "command": command_line,
-        "date": time.strftime("%Y-%m-%d"),
+        "runs": merge_runs(runs, run),
         "quick": args.quick,
         "seconds": seconds,
         "summary": summary,
@@ -265,7 +295,7 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(latest, indent=1))
     print(f"wrote {args.out}")
-    if not args.quick and set(results) == set(BENCHMARKS) and Path(args.out) == RESULTS / "latest.json":
+    if not args.quick and set(results) == set(BENCHMARKS) and Path(args.out) == RESULTS / "latest.json":  # --only too
         update_readme(latest)
         print(f"updated the summary table in {README}")
 

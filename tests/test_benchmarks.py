@@ -28,7 +28,9 @@ def test_every_benchmark_runs_quick_and_the_summary_has_a_row_for_each(tmp_path)
     latest = json.loads(out.read_text())
     assert set(latest["results"]) == set(BENCHMARKS) and latest["quick"] is True
     assert {row["benchmark"] for row in latest["summary"]} == set(BENCHMARKS)
-    assert {"cpu", "cores", "torch", "lightning"} <= set(latest["machine"])
+    (run,) = latest["runs"]  # the run every row comes from, with the checkout it measured
+    assert {"cpu", "cores", "torch", "lightning"} <= set(run["machine"]) and run["commit"]
+    assert run["command"] == "benchmarks/run.py --quick" and run["benchmarks"] == list(BENCHMARKS)
     targets = [row for row in latest["summary"] if row["target"]]
     assert len(targets) >= 7 and all(isinstance(row["holds"], bool) for row in targets)
     measures = " ".join(row["measure"] for row in latest["summary"])
