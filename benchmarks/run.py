@@ -57,8 +57,8 @@ def data_parallel_rows(result: dict) -> list[Row]:
     table = result["table"]
     ratio = table["data_parallel"]["over_ddp"]
     rows = [
-        row("data_parallel_step", "step time, data_parallel / ddp (2 processes)", ratio["median"], _span(ratio), "x",
-            "≤ 1.02", ratio["median"] <= 1.02),
+        row("data_parallel_step", "step time, data_parallel / ddp (2 processes; zero_stage=0 runs ddp's own code: "
+            "this machine's noise floor, no target)", ratio["median"], _span(ratio), "x"),
         row("data_parallel_step", "step time, raw torch DDP loop / ddp", table["raw"]["over_ddp"]["median"],
             _span(table["raw"]["over_ddp"]), "x"),
     ]  # fmt: skip
@@ -91,20 +91,25 @@ def preemption_rows(result: dict) -> list[Row]:
     return [
         row("preemption_cost", f"SIGTERM to rank 1 → durable checkpoint, {result['ckpt_mb']:.0f} MB (2 processes)",
             durable["median"], _span(durable), "s"),
-        row("preemption_cost", "step time, SpotPreemption voting every step / none", result["vote_over_none"], None,
-            "x", "≤ 1.01", result["vote_over_none"] <= 1.01),
+        row("preemption_cost", "step time, SpotPreemption voting every step / none (medians of unpaired runs: no "
+            "verdict on its ≤ 1.01 target)", result["vote_over_none"], None, "x"),
     ]  # fmt: skip
 
 
 def pipeline_rows(result: dict) -> list[Row]:
+    """Every width and microbatch count measured, each judged by its lowest round (the bound of its spread)."""
     rows = []
-    width = max(r["width"] for r in result["rows"])
-    for entry in (r for r in result["rows"] if r["width"] == width):
-        m, ratio = entry["microbatches"], entry["ours_over_raw_throughput"]
-        rows.append(row("pipeline_throughput", f"throughput, pipeline_parallel / raw torch pipelining, m={m}, 2 stages",
-                        ratio["median"], _span(ratio), "x", "≥ 0.95", ratio["median"] >= 0.95))  # fmt: skip
+    for entry in result["rows"]:
+        width, m, ratio = entry["width"], entry["microbatches"], entry["ours_over_raw_throughput"]
+        measure = f"throughput, pipeline_parallel / raw torch pipelining, D={width}, m={m}, 2 stages"
+        target = f"≥ 0.95 (lowest round {ratio['min']:.3f})"
+        holds = ratio["min"] >= 0.95
+        rows.append(row("pipeline_throughput", measure, ratio["median"], _span(ratio), "x", target, holds))
         ideal, measured = 1 - entry["bubble_theory"], 1 - entry["bubble_measured_ours"]
-        label = f"parallel efficiency, (1 process / 2) / pipeline_parallel step, m={m} (schedule's ideal {ideal:.2f})"
+        label = (
+            f"parallel efficiency, (1 process / 2) / pipeline_parallel step, D={width}, m={m} (schedule's ideal "
+            f"{ideal:.2f})"
+        )
         rows.append(row("pipeline_throughput", label, measured, None, "x"))
     return rows
 
