@@ -190,12 +190,19 @@ def test_asynchronous_save_during_an_outage_is_reported_training_goes_on_and_the
     dirpath = f"s3://{bucket}/run"
     checkpoints: list[ResumableCheckpoint] = []
 
-    def restore_once_the_step_4_save_gave_up(trainer) -> None:
+    def wait_for_the_save_in_flight() -> None:
         while checkpoints[0].save_in_flight:
             time.sleep(0.05)
+
+    def cut_once_the_step_2_save_landed(trainer) -> None:
+        wait_for_the_save_in_flight()  # under load it can still be uploading at step 4: the outage is for step 4's
+        proxy.cut_after(2 * 2**20)
+
+    def restore_once_the_step_4_save_gave_up(trainer) -> None:
+        wait_for_the_save_in_flight()
         proxy.restore()
 
-    callbacks = [AtStep(4, lambda trainer: proxy.cut_after(2 * 2**20)), AtStep(6, restore_once_the_step_4_save_gave_up)]
+    callbacks = [AtStep(4, cut_once_the_step_2_save_landed), AtStep(6, restore_once_the_step_4_save_gave_up)]
     original_init = ResumableCheckpoint.__init__
 
     def remember(self, *args, **kwargs):
