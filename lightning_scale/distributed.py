@@ -2,14 +2,15 @@
 
 Every function is a no-op at world size 1 and raises :class:`DistributedNotInitializedError` when the environment
 says the job has several processes (``WORLD_SIZE`` > 1) but no process group exists, instead of silently acting as
-if this rank were alone. Cross-rank decisions are named votes: :func:`any_rank` and :func:`all_ranks`.
+if this rank were alone. Cross-rank decisions are named votes: :func:`any_rank`, :func:`all_ranks`, and
+:func:`any_rank_each` for several questions in one collective.
 """
 
 from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ __all__ = [
     "all_reduce_mean_",
     "all_reduce_sum_",
     "any_rank",
+    "any_rank_each",
     "barrier",
     "broadcast_object",
     "destroy_group",
@@ -92,11 +94,11 @@ def rank() -> int:
     return dist.get_rank() if _group_ready() else 0
 
 
-def _vote_tensor(value: int) -> torch.Tensor:
+def _vote_tensor(*values: int) -> torch.Tensor:
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    return torch.tensor([value], dtype=torch.int32, device=device)
+    return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 def any_rank(flag: bool) -> bool:
@@ -106,6 +108,15 @@ def any_rank(flag: bool) -> bool:
     vote = _vote_tensor(int(bool(flag)))
     dist.all_reduce(vote, op=dist.ReduceOp.MAX)
     return bool(vote.item())
+
+
+def any_rank_each(flags: Sequence[bool]) -> list[bool]:
+    """For each position, true on every rank when that flag is true on at least one rank: one collective for all."""
+    if not _group_ready() or dist.get_world_size() == 1:
+        return [bool(flag) for flag in flags]
+    votes = _vote_tensor(*(int(bool(flag)) for flag in flags))
+    dist.all_reduce(votes, op=dist.ReduceOp.MAX)
+    return [bool(vote) for vote in votes.tolist()]
 
 
 def all_ranks(flag: bool) -> bool:

@@ -16,6 +16,7 @@ from typing_extensions import override
 from lightning_scale import distributed
 from lightning_scale._trainer_attributes import trainer_callbacks, trainer_fast_dev_run
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.cost_tracker import CostTracker
 from lightning_scale.errors import ConfigurationError
 
@@ -129,6 +130,7 @@ class BudgetedEarlyStopping(EarlyStopping):
         """``(usd_total, monitor value)`` at each evaluation."""
         self._tracker: CostTracker | None = None
         self._last_checked_step = -1
+        self._reached: tuple[BudgetReason, str] | None = None  # this rank's budget reached, at the last vote
 
     @property
     @override
@@ -147,11 +149,18 @@ class BudgetedEarlyStopping(EarlyStopping):
             )
         self._tracker = trackers[0] if trackers else None
         self._last_checked_step = -1
+        if stage == "fit":
+            StepVote.of(trainer).join(self, self._ballot)
         if stage == "fit" and (trainer.min_steps or trainer.min_epochs) and (self.max_cost_usd or self.max_hours):
             rank_zero_warn(
                 f"Trainer(min_steps={trainer.min_steps}, min_epochs={trainer.min_epochs}) keeps training past a "
                 "reached budget until that minimum: Lightning ignores a stop request before it."
             )
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        StepVote.of(trainer).leave(self)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -170,23 +179,28 @@ class BudgetedEarlyStopping(EarlyStopping):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
+        if not StepVote.of(trainer).agreed(self, trainer, outputs, batch_idx):
+            return
+        rank, (reason, reached) = next(
+            (rank, value) for rank, value in enumerate(distributed.all_gather_object(self._reached)) if value
+        )
+        where = f" on rank {rank}" if trainer.world_size > 1 else ""
+        self._stop(trainer, reason, f"Budget reached ({reason}){where}: {reached} after step {trainer.global_step}.")
+
+    def _ballot(self, trainer: pl.Trainer, outputs: STEP_OUTPUT) -> bool | None:
         step = trainer.global_step
         if self._tracker is None or self.budget_reason is not None or _skipped(trainer):
-            return
+            return None
         if step == self._last_checked_step or step % self.check_every_n_steps:
-            return  # inside a gradient accumulation window, or not a checking step: same on every rank
+            return None  # inside a gradient accumulation window, or not a checking step: same on every rank
         self._last_checked_step = step
         report = self._tracker.report(step)
-        local: tuple[BudgetReason, str] | None = None
+        self._reached = None
         if self.max_cost_usd is not None and report.usd_total >= self.max_cost_usd:
-            local = ("max_cost_usd", f"${report.usd_total:.4f} >= ${self.max_cost_usd}")
+            self._reached = ("max_cost_usd", f"${report.usd_total:.4f} >= ${self.max_cost_usd}")
         elif self.max_hours is not None and report.hours >= self.max_hours:
-            local = ("max_hours", f"{report.hours:.3f} h >= {self.max_hours} h")
-        agreed = _first_on_any_rank(local)
-        if agreed is not None:
-            rank, (reason, reached) = agreed
-            where = f" on rank {rank}" if trainer.world_size > 1 else ""
-            self._stop(trainer, reason, f"Budget reached ({reason}){where}: {reached} after step {step}.")
+            self._reached = ("max_hours", f"{report.hours:.3f} h >= {self.max_hours} h")
+        return self._reached is not None
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

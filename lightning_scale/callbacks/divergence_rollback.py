@@ -18,6 +18,7 @@ from typing_extensions import override
 from lightning_scale import distributed
 from lightning_scale._lightning_internals import restore_training_state
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.errors import ConfigurationError
 
@@ -69,6 +70,7 @@ class DivergenceRollback(Callback):
         """Rollbacks done in this run (earlier attempts included)."""
         self._losses: deque[float] = deque(maxlen=window)
         self._bad_loss: float | None = None  # the worst loss seen since the last optimizer step
+        self._voted_loss: float | None = None  # this rank's bad loss at the last vote
         self._checkpoint: ResumableCheckpoint | None = None
         self._last_step = -1
 
@@ -82,6 +84,11 @@ class DivergenceRollback(Callback):
         if stage != "fit":
             return
         self._checkpoint = ResumableCheckpoint.of(trainer, "DivergenceRollback (to roll back to its newest checkpoint)")
+        StepVote.of(trainer).join(self, self._ballot)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        StepVote.of(trainer).leave(self)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -101,6 +108,10 @@ class DivergenceRollback(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
+        if StepVote.of(trainer).agreed(self, trainer, outputs, batch_idx):
+            self._roll_back(trainer, self._voted_loss)
+
+    def _ballot(self, trainer: pl.Trainer, outputs: STEP_OUTPUT) -> bool | None:
         loss = _loss_of(outputs)
         if loss is not None:
             if self._diverged(loss):
@@ -108,11 +119,10 @@ class DivergenceRollback(Callback):
             else:
                 self._losses.append(loss)
         if trainer.global_step == self._last_step:
-            return  # inside a gradient accumulation window: decide at the optimizer step
+            return None  # inside a gradient accumulation window: decide at the optimizer step
         self._last_step = trainer.global_step
-        bad, self._bad_loss = self._bad_loss, None
-        if distributed.any_rank(bad is not None):
-            self._roll_back(trainer, bad)
+        self._voted_loss, self._bad_loss = self._bad_loss, None
+        return self._voted_loss is not None
 
     def _diverged(self, loss: float) -> bool:
         if not math.isfinite(loss):

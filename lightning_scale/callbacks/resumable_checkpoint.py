@@ -31,6 +31,7 @@ from lightning_scale.callbacks._checkpoint_format import choose_format, local_ca
 from lightning_scale.callbacks._checkpoint_io import plugin_save_file
 from lightning_scale.callbacks._checkpoint_lineage import RunLineage, reported
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.hang_watchdog import HangWatchdog
 from lightning_scale.checkpoint.background import WriteResult
 from lightning_scale.checkpoint.cadence import SaveTimer
@@ -226,6 +227,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self._saver = make_saver(files, hooks, fmt.sharded, fmt.native, self.async_save)
         if self.every_n_minutes is not None and self._timer is None:
             self._timer = SaveTimer(self.every_n_minutes, self.mean_time_between_interruptions_hours, self._clock)
+        if self._timer is not None:
+            StepVote.of(trainer).join(self, lambda trainer, outputs: self._timer is not None and self._timer.due())
         self._lineage.begin(self.store)
         add_companions(trainer, self.data_state, self.strict_resume, self.wandb_resume)
         if self.auto_resume:
@@ -237,6 +240,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             self._saver.close()
             self._saver = None
         super().teardown(trainer, pl_module, stage)
+        StepVote.of(trainer).leave(self)
         self._trainer = None
 
     @override
@@ -276,7 +280,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if timer.cadence is not None and trainer_logs_this_step(trainer):
             pl_module.log("checkpoint/interval_minutes", timer.interval_seconds() / 60.0, on_step=True, on_epoch=False)
             pl_module.log("checkpoint/save_seconds", timer.cadence.save_seconds, on_step=True, on_epoch=False)
-        if not distributed.any_rank(timer.due()):
+        if not StepVote.of(trainer).agreed(self, trainer, outputs, batch_idx):
             return
         timer.restart()  # also when top-k declines, so the next try is a full interval away
         if not self._should_skip_saving_checkpoint(trainer):

@@ -21,6 +21,7 @@ from lightning_scale import distributed, knobs
 from lightning_scale._lightning_internals import process_dataloaders_with, shut_down_dataloader_workers
 from lightning_scale._process_local import ProcessLocal
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError
 from lightning_scale.data import shield_workers
@@ -37,8 +38,9 @@ class SpotPreemption(ProcessLocal, Callback):
 
     Notice sources (signals by default; AWS, GCP, Azure metadata and files in :mod:`lightning_scale.preemption`)
     only raise a flag. Every ``check_every_n_steps`` training steps (and validation batches, during fit) the ranks
-    vote on it with one small collective, so a notice seen by ANY rank stops all of them after the same step. Then
-    the run's :class:`~lightning_scale.callbacks.ResumableCheckpoint` saves the full state (unless the last
+    vote on it with one small collective (one per step for every lightning-scale callback that votes), so a notice
+    seen by ANY rank stops all of them after the same step. Then the run's
+    :class:`~lightning_scale.callbacks.ResumableCheckpoint` saves the full state (unless the last
     measured save time says it cannot finish before the notice's deadline: then the previous valid checkpoint stays,
     untouched), the ``preemption/*`` metrics go to every logger, loggers (and a W&B run) are finished, dataloader
     workers are stopped, and the process exits with ``exit_code``, which orchestrators (``torchrun
@@ -93,6 +95,7 @@ class SpotPreemption(ProcessLocal, Callback):
         self._started = False
         self._preempted: dict[str, Any] | None = None  # the notice that stopped the run, kept in the checkpoint
         self._last_voted_step = -1
+        self._notice: Notice | None = None  # this rank's, at the last vote
         self._unshield: Callable[[], None] = _nothing
 
     @property
@@ -105,6 +108,7 @@ class SpotPreemption(ProcessLocal, Callback):
         if stage != "fit":
             return
         self._checkpoint = ResumableCheckpoint.of(trainer, "SpotPreemption (to save the full state on a notice)")
+        StepVote.of(trainer).join(self, self._ballot)
         signals = sorted(
             {name for source in self.sources if isinstance(source, SignalNotice) for name in source.signals}
         )
@@ -153,14 +157,17 @@ class SpotPreemption(ProcessLocal, Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
+        if StepVote.of(trainer).agreed(self, trainer, outputs, batch_idx):
+            self._preempt(trainer, self._notice)
+
+    def _ballot(self, trainer: pl.Trainer, outputs: STEP_OUTPUT) -> bool | None:
         # Vote only right after an optimizer step: with gradient accumulation, stopping inside the accumulation window
         # would lose the gradients gathered so far. global_step is the same on every rank, so all ranks vote alike.
         if trainer.global_step == self._last_voted_step or trainer.global_step % self.check_every_n_steps:
-            return
+            return None
         self._last_voted_step = trainer.global_step
-        local = self._local_notice()
-        if distributed.any_rank(local is not None):
-            self._preempt(trainer, local)
+        self._notice = self._local_notice()
+        return self._notice is not None
 
     @override
     def on_validation_batch_end(
@@ -187,6 +194,7 @@ class SpotPreemption(ProcessLocal, Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        StepVote.of(trainer).leave(self)
         self._stop_sources()
         self._unshield()
 
