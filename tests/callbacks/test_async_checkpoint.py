@@ -37,6 +37,9 @@ def test_training_goes_on_while_the_save_is_written_and_the_file_holds_the_state
 
     def check_save_in_flight(trainer) -> None:
         seen["published_at_step_3"] = steps_published(dirpath)
+        deadline = time.monotonic() + 10
+        while not faulty.writes_started and time.monotonic() < deadline:  # the writer thread may not have run yet
+            time.sleep(0.01)
         seen["writes_started"] = faulty.writes_started
         faulty.gate.set()
 
