@@ -13,8 +13,10 @@ Lightning 2.6 offers no public hook for fourteen things lightning-scale needs; e
 5. building the checkpoint dict without ``Trainer.save_checkpoint``'s barrier, so that a failed write on one rank is
    reported to all ranks instead of leaving them waiting at that barrier;
 6. replacing Lightning's SIGTERM handler (it runs a collective inside the handler) — done by installing ours after
-   Lightning's, in ``on_train_start`` — and stopping dataloader worker processes before an emergency exit (Lightning's
-   ``CombinedLoader.reset`` only stops torch's own multi-process iterator, not torchdata's);
+   Lightning's, in ``on_train_start`` — and then skipping the training loop's per-step broadcast of rank 0's SIGTERM
+   flag, which only Lightning's handler sets (one collective every step, for a flag that can no longer change); and
+   stopping dataloader worker processes before an emergency exit (Lightning's ``CombinedLoader.reset`` only stops
+   torch's own multi-process iterator, not torchdata's);
 7. whether the Trainer sends this training step's metrics to its loggers (``log_every_n_steps`` counts batches
    that stepped, a private counter), so metrics that cost something to compute are logged only then;
 8. restoring weights, optimizers, schedulers and precision state from a checkpoint in the middle of fit (a rollback):
@@ -70,6 +72,7 @@ __all__ = [
     "restore_training_state",
     "sampler_in_lightning_wrapper",
     "shut_down_dataloader_workers",
+    "skip_sigterm_broadcast",
     "track_loader_states_when_fetching_ahead",
     "train_loaders",
     "trainer_logs_this_step",
@@ -269,6 +272,18 @@ def process_dataloaders_with(trainer: pl.Trainer, fn: Callable[[Any], Any], orde
             vars(strategy).pop(_LOADER_CHAIN, None)
 
     return undo
+
+
+def skip_sigterm_broadcast(trainer: pl.Trainer) -> Callable[[], None]:
+    """Stop the training loop's per-step broadcast of ``trainer.received_sigterm`` (rank 0's), while a handler other
+    than Lightning's holds SIGTERM; returns the undo. Call on every rank alike: the broadcast is a collective."""
+    loop = trainer.fit_loop.epoch_loop
+    loop._broadcast_sigterm_tensor = _skip  # type: ignore[method-assign]  # an instance attribute hides the method
+    return lambda: loop.__dict__.pop("_broadcast_sigterm_tensor", None)
+
+
+def _skip() -> None:
+    return None
 
 
 def shut_down_dataloader_workers(trainer: pl.Trainer) -> None:

@@ -28,6 +28,12 @@ def test_private_members_we_wrap_exist():
     assert hasattr(progress, "is_last_batch") and hasattr(progress.current, "ready")
     assert internals.process_group_timeout(DDPStrategy(timeout=timedelta(seconds=7))) == timedelta(seconds=7)
     assert internals.process_group_timeout(SingleDeviceStrategy("cpu")) == timedelta(minutes=30)  # torch's default
+    epoch_loop = trainer.fit_loop.epoch_loop
+    assert "_broadcast_sigterm_tensor()" in inspect.getsource(type(epoch_loop).advance)
+    undo = internals.skip_sigterm_broadcast(trainer)
+    epoch_loop._broadcast_sigterm_tensor()  # no process group needed: it does nothing now
+    undo()
+    assert epoch_loop._broadcast_sigterm_tensor.__func__ is type(epoch_loop)._broadcast_sigterm_tensor
 
 
 def test_logger_cadence_and_precision_state_key_we_rely_on_exist():

@@ -18,7 +18,11 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
-from lightning_scale._lightning_internals import process_dataloaders_with, shut_down_dataloader_workers
+from lightning_scale._lightning_internals import (
+    process_dataloaders_with,
+    shut_down_dataloader_workers,
+    skip_sigterm_broadcast,
+)
 from lightning_scale._process_local import ProcessLocal
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks._step_vote import StepVote
@@ -69,7 +73,11 @@ class SpotPreemption(ProcessLocal, Callback):
     """
 
     METRIC_KEYS = ("preemption/step", "preemption/seconds_to_durable", "preemption/saved")
-    PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {"_unshield": lambda: _nothing, "_checkpoint": None}
+    PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {
+        "_unshield": lambda: _nothing,
+        "_restore_sigterm_broadcast": lambda: _nothing,
+        "_checkpoint": None,
+    }
 
     def __init__(
         self,
@@ -97,6 +105,7 @@ class SpotPreemption(ProcessLocal, Callback):
         self._last_voted_step = -1
         self._notice: Notice | None = None  # this rank's, at the last vote
         self._unshield: Callable[[], None] = _nothing
+        self._restore_sigterm_broadcast: Callable[[], None] = _nothing
 
     @property
     @override
@@ -147,6 +156,11 @@ class SpotPreemption(ProcessLocal, Callback):
             )
             self._preempted = None
         self._start_sources()
+        # Lightning broadcasts rank 0's SIGTERM flag every step, a collective; only its own handler sets that flag, and
+        # ours holds SIGTERM now: the broadcast can only say "no". Unless a SIGTERM came before ours took over.
+        holds_sigterm = any(isinstance(s, SignalNotice) and "SIGTERM" in s.signals for s in self.sources)
+        if holds_sigterm and not distributed.any_rank(trainer.received_sigterm):
+            self._restore_sigterm_broadcast = skip_sigterm_broadcast(trainer)
 
     def _start_sources(self) -> None:
         for source in self.sources:
@@ -204,6 +218,8 @@ class SpotPreemption(ProcessLocal, Callback):
         self._unshield()
 
     def _stop_sources(self) -> None:
+        self._restore_sigterm_broadcast()
+        self._restore_sigterm_broadcast = _nothing
         if self._started:
             for source in self.sources:
                 source.stop()
