@@ -3,6 +3,7 @@ of a job step) and still end when their loader's own process terminates them."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -60,7 +61,8 @@ def test_without_the_shield_a_sigterm_from_outside_kills_the_workers_and_fails_t
         _signal_from_another_process([w.pid for w in iterator._workers])
         for _ in iterator:  # torch's SIGCHLD handler raises wherever the main process is, or the next fetch fails
             time.sleep(0.05)
-    iterator._shutdown_workers()
+    with contextlib.suppress(RuntimeError):  # torch's SIGCHLD handler may report the other killed worker here
+        iterator._shutdown_workers()
 
 
 def test_the_loaders_own_process_still_terminates_a_shielded_worker():
