@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -18,6 +19,8 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_scale import distributed
+from lightning_scale._lightning_internals import trainer_logs_this_step
+from lightning_scale._trainer_attributes import trainer_callbacks, trainer_fast_dev_run
 from lightning_scale.errors import ConfigurationError
 from lightning_scale.parallel.pipeline.batch import inputs_and_target, inputs_of, loss_fn_of
 from lightning_scale.parallel.pipeline.clipping import clip_grad_norm_across_
@@ -37,6 +40,9 @@ from lightning_scale.parallel.pipeline.state import (
 
 __all__ = ["PipelineParallelStrategy"]
 
+TrainLossLogging = Literal["when_read", "every_step"]
+TRAIN_LOSS = "train_loss"
+
 
 class PipelineParallelStrategy(DDPStrategy):
     """Pipeline parallelism with torch's own schedules, registered as ``pipeline_parallel``.
@@ -50,7 +56,9 @@ class PipelineParallelStrategy(DDPStrategy):
     Every trainable parameter must be inside the stack (refused before training otherwise). The stack is split into
     ``pipeline_size x stages_per_rank`` stages balanced by parameter count, each rank keeping its blocks under their
     original names; the schedule runs in place of the module's train/validation/test/predict steps and logs
-    ``train_loss``, ``val_loss`` and ``test_loss`` (the last stage's mean microbatch loss, on every rank). With
+    ``train_loss``, ``val_loss`` and ``test_loss`` (the last stage's mean microbatch loss, on every rank). The training
+    step returns that loss on every rank and every step (the ``outputs`` of ``on_train_batch_end``); ``train_loss`` is
+    logged, by default, only on the steps where something reads it (``log_train_loss``). With
     ``world_size = pipeline_size x dp``, ``dp`` replicas read their own data shard and average gradients. Clipping by
     norm spans all stages; checkpoints hold the unsplit model's weights, the optimizer states per pipeline rank. A
     model built under ``Trainer.init_module(empty_init=True)`` is allocated per stage after the split. The README's
@@ -65,6 +73,12 @@ class PipelineParallelStrategy(DDPStrategy):
         module: Attribute of the LightningModule holding the stack of blocks.
         process_group_backend: ``gloo`` or ``nccl`` (default: by device).
         timeout: Timeout of collectives and point-to-point transfers.
+        log_train_loss: ``when_read``: log ``train_loss`` on the steps where something reads it: a step the loggers
+            write (``log_every_n_steps``, ``fast_dev_run``, a stop), a refresh of the progress bar (every step for a bar
+            other than Lightning's TQDM one), the last batch of an epoch or of ``max_steps``, and every step while a
+            callback or LR scheduler monitors ``train_loss`` or a checkpoint's ``filename`` names it. On other steps
+            ``trainer.callback_metrics["train_loss"]`` holds the loss of the latest step that logged it.
+            ``every_step``: log it on every step (``self.log`` is a large share of a small step's time).
 
     Example:
         >>> import lightning_scale  # registers the strategy
@@ -82,9 +96,15 @@ class PipelineParallelStrategy(DDPStrategy):
         module: str = "model",
         process_group_backend: str | None = None,
         timeout: timedelta | None = None,
+        log_train_loss: TrainLossLogging = "when_read",
         **kwargs: Any,
     ) -> None:
         spec = schedule_spec(schedule)
+        if log_train_loss not in ("when_read", "every_step"):
+            raise ConfigurationError(
+                f"log_train_loss={log_train_loss!r} is not 'when_read' or 'every_step' "
+                "(--trainer.strategy.log_train_loss)."
+            )
         if n_microbatches < 1:
             raise ConfigurationError(
                 f"n_microbatches={n_microbatches} must be >= 1 (--trainer.strategy.n_microbatches)."
@@ -101,6 +121,7 @@ class PipelineParallelStrategy(DDPStrategy):
         self.stages_per_rank = stages_per_rank
         self.pipeline_size = pipeline_size
         self.module = module
+        self.log_train_loss = log_train_loss
         self._spec = spec
         self._mesh: Any = None
         self._runner: PipelineRunner | None = None
@@ -199,8 +220,9 @@ class PipelineParallelStrategy(DDPStrategy):
         params = list(self._module.parameters())
         with self._stash.collecting(params), self.precision_plugin.train_step_context():
             loss, size = self._run("train", args[0])
-        self._module.log("train_loss", loss, prog_bar=True, batch_size=size)
-        return loss.requires_grad_(True)
+        if self.log_train_loss == "every_step" or train_loss_read_this_step(self._module.trainer):
+            self._module.log(TRAIN_LOSS, loss, prog_bar=True, batch_size=size)  # not free: only when read
+        return loss.requires_grad_(True)  # every step, on every rank: on_train_batch_end's outputs
 
     @override
     def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
@@ -271,3 +293,27 @@ class PipelineParallelStrategy(DDPStrategy):
         grid = self._grid
         own = stage_optimizer_states(checkpoint["optimizer_states"], grid.pipeline_size, grid.pipeline_rank)
         super().load_optimizer_state_dict({**checkpoint, "optimizer_states": own})
+
+
+def train_loss_read_this_step(trainer: pl.Trainer) -> bool:
+    """In ``training_step``: whether anything reads the ``train_loss`` logged at this step (see ``log_train_loss``)."""
+    if trainer_fast_dev_run(trainer) or trainer_logs_this_step(trainer) or _monitored(trainer):
+        return True
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if epoch_loop.batch_progress.is_last_batch or 0 <= trainer.max_steps <= trainer.global_step + 1:
+        return True  # read at epoch end (callbacks, the progress bar) and after fit
+    bar = trainer.progress_bar_callback
+    if bar is None or not getattr(bar, "is_enabled", True):
+        return False
+    if isinstance(bar, TQDMProgressBar):  # it shows the metrics when it refreshes, every refresh_rate batches
+        return (epoch_loop.batch_idx + 1) % bar.refresh_rate == 0
+    return True  # other bars (Rich) read the metrics after every batch
+
+
+def _monitored(trainer: pl.Trainer) -> bool:
+    """Whether a callback or an LR scheduler reads ``train_loss`` whenever it likes: its ``monitor``, or a checkpoint
+    ``filename`` that formats it."""
+    for callback in trainer_callbacks(trainer):
+        if getattr(callback, "monitor", None) == TRAIN_LOSS or TRAIN_LOSS in str(getattr(callback, "filename", "")):
+            return True
+    return any(config.monitor == TRAIN_LOSS for config in trainer.lr_scheduler_configs)
