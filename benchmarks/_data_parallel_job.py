@@ -1,14 +1,18 @@
 """One 2-process data-parallel benchmark job (run under torchrun by benchmarks/data_parallel_step.py).
 
-python benchmarks/_data_parallel_job.py VARIANT[,VARIANT...] STEPS OUT.json
-VARIANT: raw (a torch DDP loop), ddp (Lightning's), data_parallel, zero1, fp16, powersgd, fsdp (lightning-scale's).
-Several variants run one after another in the same processes and process group (the quick mode: one launch instead of
-one per variant). Writes, per variant, rank 0's median seconds per step, the bytes each rank holds for training, and the
-all-reduced payload bytes.
+python benchmarks/_data_parallel_job.py --variants V[,V...] --rounds R --steps S [--d-model D] [--memory] --out OUT
+V: raw (a torch DDP loop), ddp (Lightning's), data_parallel, zero1, fp16, powersgd, fsdp (lightning-scale's).
+
+Timing: ``R`` rounds of one fit per variant in the same processes and process group, the order rotated every round;
+writes each round's median seconds per step (rank 0's), and from the first round the bytes each rank holds for
+training (from tensor sizes) and the all-reduced payload bytes. ``--memory``: one fit of one variant (a fresh pair of
+processes: a process's resident peak is its own) whose peak over the steady steps each rank measures
+(``_peak_memory.py``), next to the bytes it holds by construction.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -22,6 +26,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import rotated
+from _peak_memory import PeakMemory
 from _step_times import StepEnds, median_step
 
 from examples.char_transformer import CharDataModule, CharTransformer
@@ -53,24 +59,26 @@ def payload_bytes(variant: str, model: torch.nn.Module, strategy: Any) -> float:
     return float(full)
 
 
-def lightning_run(variant: str, steps: int) -> dict[str, Any]:
+def lightning_run(variant: str, steps: int, d_model: int, memory: bool) -> dict[str, Any]:
     ends = StepEnds()
     if variant == "fsdp":  # model_parallel: FSDP2 on each transformer block and the root
         strategy: Any = ModelParallelStrategy(min_params_to_shard=1000)
     else:
         strategy = DDPStrategy() if variant == "ddp" else DataParallelStrategy(**VARIANTS[variant])
+    peak = PeakMemory() if memory else None
     trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, callbacks=[ends], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        num_sanity_val_steps=0,
+        accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, callbacks=[ends, *([peak] if peak else [])],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, num_sanity_val_steps=0,
     )  # fmt: skip
-    model = CharTransformer(dropout=0.0)
+    with trainer.init_module(empty_init=memory):  # memory: built on the meta device, sharded ones allocate shards only
+        model = CharTransformer(d_model=d_model, dropout=0.0)
     trainer.fit(model, datamodule=CharDataModule(batch_size=8))
-    memory = training_state_bytes(model, trainer.optimizers)
     return {
-        "step_s": ends.median_step_s(WARMUP),
-        "memory": memory,
+        "step_s": ends.median_step_s(WARMUP) if not memory else None,
+        "memory": training_state_bytes(model, trainer.optimizers),
         "payload_bytes": payload_bytes(variant, model, strategy),
+        "peak_bytes": peak.peak_bytes if peak else None,
     }
 
 
@@ -101,21 +109,36 @@ def raw_run(steps: int) -> dict[str, Any]:
         scheduler.step()
         ends.append(time.perf_counter())
     memory = training_state_bytes(model, [optimizer])
-    return {"step_s": median_step(ends, WARMUP), "memory": memory, "payload_bytes": payload_bytes("raw", model, None)}
+    return {"step_s": median_step(ends, WARMUP), "memory": memory, "payload_bytes": payload_bytes("raw", model, None),
+            "peak_bytes": None}  # fmt: skip
 
 
 def main() -> None:
-    variants, steps, out = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3]
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--variants", required=True, help="comma-separated")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--d-model", type=int, default=32)
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    variants = args.variants.split(",")
     torch.set_num_threads(1)
-    results = {}
-    for variant in variants:
-        pl.seed_everything(0, verbose=False)
-        result = raw_run(steps) if variant == "raw" else lightning_run(variant, steps)
-        ranks = distributed.all_gather_object(result)
-        results[variant] = {"step_s": ranks[0]["step_s"], "memory": [r["memory"] for r in ranks],
-                            "payload_bytes": ranks[0]["payload_bytes"]}  # fmt: skip
+    results: dict[str, dict[str, Any]] = {}
+    for index in range(args.rounds):
+        for variant in rotated(variants, index):
+            pl.seed_everything(0, verbose=False)
+            if variant == "raw":
+                result = raw_run(args.steps)
+            else:
+                result = lightning_run(variant, args.steps, args.d_model, args.memory)
+            ranks = distributed.all_gather_object(result)
+            entry = results.setdefault(variant, {"step_s": [], "memory": [r["memory"] for r in ranks],
+                                                 "payload_bytes": ranks[0]["payload_bytes"],
+                                                 "peak_bytes": [r["peak_bytes"] for r in ranks]})  # fmt: skip
+            entry["step_s"].append(ranks[0]["step_s"])
     if distributed.rank() == 0:
-        Path(out).write_text(json.dumps(results))
+        Path(args.out).write_text(json.dumps(results))
     distributed.destroy_process_group(process_ends=True)
 
 

@@ -24,6 +24,7 @@ import lightning.pytorch as pl  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import rotated  # noqa: E402
 from _step_times import StepEnds  # noqa: E402
 
 from examples.char_transformer import CharDataModule, CharTransformer  # noqa: E402
@@ -56,7 +57,7 @@ def overhead(args: argparse.Namespace, workdir: Path) -> None:
     rounds: list[dict[str, float]] = []
     for index in range(args.rounds):
         times: dict[str, float] = {}
-        for variant in VARIANTS[index % 3 :] + VARIANTS[: index % 3]:
+        for variant in rotated(VARIANTS, index):
             pl.seed_everything(0, verbose=False)
             clock = StepEnds()
             trainer = _trainer(args.steps, [clock, *_callbacks(variant)])

@@ -8,7 +8,13 @@ torchrun --nproc-per-node=2 benchmarks/_pipeline_job.py pipeline WIDTH MICROBATC
     the same processes, the order swapped every round: a pair measured seconds apart, which the drift of a shared
     machine cannot tell apart (separate launches for each variant drifted by 10-30 % here)
 
-Writes the median step of each round per variant: ``{"variant": [seconds, ...]}`` (rank 0's).
+python benchmarks/_pipeline_job.py memory WIDTH OUT.json
+    one process, a stock Lightning Trainer on the whole model: its peak memory in a step (``_peak_memory.py``)
+torchrun --nproc-per-node=2 benchmarks/_pipeline_job.py memory WIDTH MICROBATCHES OUT.json
+    pipeline_parallel: each stage's peak memory in a step
+
+Writes the median step of each round per variant: ``{"variant": [seconds, ...]}`` (rank 0's); for ``memory``, each
+rank's peak bytes and the bytes of parameters and gradients it holds: ``{"peak": [...], "held": [...]}``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import rotated
+from _peak_memory import PeakMemory
 from _step_times import StepEnds, median_step
 
 from lightning_scale import distributed
@@ -98,14 +106,35 @@ def raw(width: int, microbatches: int, steps: int) -> float:
     return median_step(ends, WARMUP)
 
 
-def lightning(width: int, steps: int, **trainer: object) -> float:
+def lightning(width: int, steps: int, *callbacks: pl.Callback, **trainer: object) -> float:
     """Median step of a stock Lightning Trainer (``trainer``: its devices and strategy) on the benchmark model."""
     times = StepEnds()
     pl.Trainer(
-        accelerator="cpu", max_steps=steps, callbacks=[times], logger=False, enable_checkpointing=False,
+        accelerator="cpu", max_steps=steps, callbacks=[times, *callbacks], logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False, **trainer,
     ).fit(Model(width), train_dataloaders=data(width, steps))  # fmt: skip
     return times.median_step_s(WARMUP)
+
+
+class Held(pl.Callback):
+    """The bytes of parameters and gradients this rank holds once training ends (SGD keeps no state)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.bytes = 2 * sum(p.numel() * p.element_size() for p in pl_module.parameters())
+
+
+def memory(width: int, microbatches: int | None) -> dict[str, int]:
+    peak, held = PeakMemory(), Held()  # the baseline: before the model is built
+    if microbatches is None:
+        lightning(width, 20, peak, held, devices=1)
+    else:
+        strategy = PipelineParallelStrategy(schedule="1f1b", n_microbatches=microbatches)
+        lightning(width, 20, peak, held, devices=2, strategy=strategy)
+    assert peak.peak_bytes is not None
+    return {"peak": peak.peak_bytes, "held": held.bytes}
 
 
 def ours(width: int, microbatches: int, steps: int) -> float:
@@ -115,8 +144,13 @@ def ours(width: int, microbatches: int, steps: int) -> float:
 
 def main() -> None:
     kind, width = sys.argv[1], int(sys.argv[2])
-    results: dict[str, list[float]] = {}
-    if kind == "single":
+    results: dict[str, list] = {}
+    torch.set_num_threads(1)
+    if kind == "memory":
+        microbatches, out = (int(sys.argv[3]), sys.argv[4]) if len(sys.argv) > 4 else (None, sys.argv[3])
+        ranks = distributed.all_gather_object(memory(width, microbatches))
+        results = {"peak": [r["peak"] for r in ranks], "held": [r["held"] for r in ranks]}
+    elif kind == "single":
         steps, rounds, out = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
         for _ in range(rounds):
             for threads, variant in ((1, "single"), (2, "single-2t")):
@@ -126,13 +160,12 @@ def main() -> None:
             results.setdefault("lightning", []).append(lightning(width, steps, devices=1))
     else:
         microbatches, steps, rounds, out = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-        torch.set_num_threads(1)
         torch.distributed.init_process_group("gloo")
         variants = {"raw": raw, "ours": ours}
         for index in range(rounds):
-            for variant in sorted(variants, reverse=index % 2 == 1):  # raw first, then ours first, ...
+            for variant in rotated(list(variants), index):  # raw first, then ours first, ...
                 results.setdefault(variant, []).append(variants[variant](width, microbatches, steps))
-        distributed.destroy_process_group()
+    distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
         Path(out).write_text(json.dumps(results))
 

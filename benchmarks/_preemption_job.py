@@ -1,4 +1,9 @@
-"""One 2-process job for benchmarks/preemption_cost.py (run under torchrun); writes its measurements as JSON."""
+"""One 2-process job for benchmarks/preemption_cost.py (run under torchrun); writes its measurements as JSON.
+
+``--part=overhead``: ``--rounds`` rounds of one fit without and one with ``SpotPreemption`` (a vote every step) in the
+same processes, the order swapped every round; rank 0 writes each fit's median step time to ``steps.json``.
+``--part=notice``: one fit where rank 1 gets a SIGTERM half-way; ``SpotPreemption`` saves and the job exits.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import rotated
 from _step_times import StepEnds
 
 from examples.char_transformer import CharDataModule, CharTransformer
@@ -22,40 +28,42 @@ from lightning_scale.testing import Fault, FaultInjector
 WARMUP_STEPS = 10
 
 
-class StepTimer(StepEnds):
-    """Median wall time per training step after a warm-up, written by rank 0 when training ends."""
-
-    def __init__(self, out: Path) -> None:
-        super().__init__()
-        self.out = out
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero:
-            self.out.write_text(json.dumps({"step_s": self.median_step_s(WARMUP_STEPS)}))
+def fit(variant: str, steps: int, d_model: int, workdir: Path) -> float:
+    pl.seed_everything(0, verbose=False)
+    clock = StepEnds()
+    callbacks: list[pl.Callback] = [clock]
+    if variant == "notice":  # a spot notice to rank 1 half-way
+        callbacks.append(FaultInjector([Fault(step=steps // 2, rank=1, kind="SIGTERM")], record_dir=workdir))
+    callbacks.append(ResumableCheckpoint(dirpath=str(workdir / "ckpt"), every_n_train_steps=steps // 4))
+    if variant != "none":
+        callbacks.append(SpotPreemption())
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=steps, callbacks=callbacks,
+        logger=CSVLogger(str(workdir), name="log"), limit_val_batches=0, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    model = CharTransformer(vocab_size=64, d_model=d_model, n_heads=4, n_layers=4)
+    trainer.fit(model, datamodule=CharDataModule(batch_size=8))
+    return clock.median_step_s(WARMUP_STEPS)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--variant", choices=["none", "vote", "notice"], required=True)
+    parser.add_argument("--part", choices=["overhead", "notice"], required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--d-model", type=int, required=True)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--workdir", required=True)
     args = parser.parse_args()
     workdir = Path(args.workdir)
-    pl.seed_everything(0, verbose=False)
-    callbacks: list[pl.Callback] = [StepTimer(workdir / "steps.json")]
-    if args.variant == "notice":  # a spot notice to rank 1 half-way
-        callbacks.append(FaultInjector([Fault(step=args.steps // 2, rank=1, kind="SIGTERM")], record_dir=workdir))
-    callbacks.append(ResumableCheckpoint(dirpath=str(workdir / "ckpt"), every_n_train_steps=args.steps // 4))
-    if args.variant != "none":
-        callbacks.append(SpotPreemption())
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_steps=args.steps, callbacks=callbacks,
-        logger=CSVLogger(str(workdir), name="log"), limit_val_batches=0, enable_progress_bar=False,
-        enable_model_summary=False,
-    )  # fmt: skip
-    model = CharTransformer(vocab_size=64, d_model=args.d_model, n_heads=4, n_layers=4)
-    trainer.fit(model, datamodule=CharDataModule(batch_size=8))
+    if args.part == "notice":
+        fit("notice", args.steps, args.d_model, workdir)  # exits with the preemption
+    rounds = []
+    for index in range(args.rounds):
+        order = rotated(("none", "vote"), index)
+        rounds.append({v: fit(v, args.steps, args.d_model, workdir / f"{index}-{v}") for v in order})
+    if distributed.rank() == 0:
+        (workdir / "steps.json").write_text(json.dumps(rounds))
     distributed.destroy_process_group(process_ends=True)
 
 

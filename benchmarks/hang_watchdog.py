@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info, spread
+from _common import machine_info, meets, paired_ratios, spread
 
 from lightning_scale.health import HANG_EXIT_CODE
 from lightning_scale.testing import launch_command, launch_environment, torchrun_failures
@@ -47,13 +46,6 @@ def _launch(workdir: Path, *arguments: str, max_restarts: int | None = None) -> 
     if done.returncode != 0:
         raise RuntimeError(done.stdout[-3000:] + done.stderr[-3000:])
     return done.stdout + done.stderr
-
-
-def paired_ratios(rounds: list[dict[str, float]], variant: str) -> dict[str, float]:
-    """Per round ``variant``'s step time over ``none``'s: median, quartiles, min and max."""
-    ratios = [entry[variant] / entry["none"] for entry in rounds]
-    quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
-    return {**spread(ratios), "lower_quartile": quartiles[0], "upper_quartile": quartiles[2], "rounds": len(ratios)}
 
 
 def marks_us_per_step(steps: int = 20000) -> float:
@@ -111,9 +103,12 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    ratios = {variant: paired_ratios(per_round, variant) for variant in ("watchdog", "watchdog+stragglers")}
+    ratios = {
+        variant: paired_ratios([entry[variant] / entry["none"] for entry in per_round])
+        for variant in ("watchdog", "watchdog+stragglers")
+    }
     own_us = marks_us_per_step()
-    holds = {variant: ratio["upper_quartile"] <= TARGET for variant, ratio in ratios.items()}
+    holds = {variant: meets(ratio, TARGET) for variant, ratio in ratios.items()}
     print(f"HangWatchdog, 2 processes (gloo), {rounds} rounds of {steps} steps, variants rotated")
     for variant in ("none", "watchdog", "watchdog+stragglers"):
         s = spread([entry[variant] for entry in per_round])
