@@ -1,8 +1,9 @@
 """Checkpoint cost: ResumableCheckpoint vs stock ModelCheckpoint vs no checkpointing, measured in one run.
 
-Single-process CPU fits of the example model (widened so a checkpoint weighs tens of MB). The three variants are
-interleaved and repeated; the table shows medians (min-max) of the time per training step and of the time training
-is blocked per checkpoint save, and the ratio ours/stock. Writes ``benchmarks/results/checkpoint_cost.json``.
+Single-process CPU fits of the example model (widened so a checkpoint weighs tens of MB). The three variants run in
+the same process, their order rotated every round (see ``_common.py``); the table shows medians (min-max) of the time
+per training step and of the time training is blocked per checkpoint save, and the ratio ours/stock of each round's
+blocked time, paired. Writes ``benchmarks/results/checkpoint_cost.json``.
 
     .venv/bin/python benchmarks/checkpoint_cost.py [--quick]
 """
@@ -25,7 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info, spread
+from _common import machine_info, paired_ratios, rotated, spread
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
@@ -73,12 +74,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and steps (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "checkpoint_cost.json"), help="where to write the JSON")
     args = parser.parse_args()
-    repeats, steps, every, d_model = (2, 10, 5, 128) if args.quick else (5, 40, 10, 512)
+    repeats, steps, every, d_model = (2, 10, 5, 128) if args.quick else (6, 40, 10, 512)
     torch.set_num_threads(1)
 
     results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    for _ in range(repeats):
-        for variant in VARIANTS:  # interleaved, so drift on a shared machine hits every variant alike
+    for index in range(repeats):
+        for variant in rotated(VARIANTS, index):
             workdir = Path(tempfile.mkdtemp(prefix=f"ckpt-bench-{variant}-"))
             try:
                 results[variant].append(one_fit(variant, steps, every, d_model, workdir))
@@ -86,7 +87,7 @@ def main() -> None:
                 shutil.rmtree(workdir, ignore_errors=True)
 
     table = {v: {k: spread([r[k] for r in results[v]]) for k in ("step_s", "save_s", "ckpt_mb")} for v in VARIANTS}
-    ratio = table["ours"]["save_s"]["median"] / table["stock"]["save_s"]["median"]
+    ratio = paired_ratios([o["save_s"] / s["save_s"] for o, s in zip(results["ours"], results["stock"], strict=True)])
     print(f"checkpoint cost, {repeats} repeats, {steps} steps, a save every {every} steps, d_model={d_model}")
     print(f"{'variant':<8} {'ms/step':>22} {'ms blocked/save':>24} {'MB/ckpt':>8}")
     for variant in VARIANTS:
@@ -97,7 +98,8 @@ def main() -> None:
             f" {save['median'] * 1e3:11.1f} ({save['min'] * 1e3:.1f}-{save['max'] * 1e3:.1f})"
             f" {row['ckpt_mb']['median']:8.1f}"
         )
-    print(f"ours/stock blocked time per save: {ratio:.2f} (atomic rename, fsync, sha256 read-back, manifest)")
+    print(f"ours/stock blocked time per save, paired: median {ratio['median']:.2f} ({ratio['min']:.2f}-"
+          f"{ratio['max']:.2f}; atomic rename, fsync, sha256 read-back, manifest)")  # fmt: skip
 
     out = Path(args.out)
     machine = machine_info()

@@ -1,7 +1,8 @@
 """Cost levers, measured in one run: what one epoch of the example model costs in fp32, in bf16-mixed, and as a
 small-sample debug run (``limit_train_batches=0.1``), as ``CostTracker`` bills it.
 
-Single-process CPU fits, variants interleaved and repeated; medians (min-max). The price is the shipped catalog's
+Single-process CPU fits, the variants' order rotated every round; medians (min-max), and each variant's cost over
+fp32's of the same round, paired (see ``_common.py``). The price is the shipped catalog's
 AWS g5.xlarge on-demand row, only to express time in dollars: the ratios are what carries over. Writes
 ``benchmarks/results/cost_levers.json``.
 
@@ -22,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info, spread
+from _common import machine_info, paired_ratios, rotated, spread
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import CostTracker
@@ -54,30 +55,33 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one repeat of a small model (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "cost_levers.json"), help="where to write the JSON")
     args = parser.parse_args()
-    repeats, d_model = (1, 64) if args.quick else (5, 256)
+    repeats, d_model = (1, 64) if args.quick else (6, 256)
     torch.set_num_threads(1)
 
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as workdir:
-        for _ in range(repeats):
-            for name, kwargs in VARIANTS.items():  # interleaved: drift on a shared machine hits all alike
-                runs[name].append(one_epoch(kwargs, d_model, workdir))
+        for index in range(repeats):
+            for name in rotated(list(VARIANTS), index):
+                runs[name].append(one_epoch(VARIANTS[name], d_model, workdir))
 
     table = {name: {k: spread([r[k] for r in rs]) for k in ("usd", "seconds", "steps")} for name, rs in runs.items()}
-    base = table["fp32"]["usd"]["median"]
+    over_fp32 = {
+        name: paired_ratios([r["usd"] / fp32["usd"] for r, fp32 in zip(rs, runs["fp32"], strict=True)])
+        for name, rs in runs.items()
+    }
     print(f"cost levers: one epoch, d_model={d_model}, {repeats} repeats, billed as {PROVIDER} {INSTANCE} on-demand")
     print(f"{'variant':<20} {'steps':>5} {'seconds':>20} {'USD':>26} {'vs fp32':>8}")
     for name, row in table.items():
         s, usd = row["seconds"], row["usd"]
         print(
             f"{name:<20} {row['steps']['median']:5.0f} {s['median']:8.2f} ({s['min']:.2f}-{s['max']:.2f})"
-            f" {usd['median']:.6f} ({usd['min']:.6f}-{usd['max']:.6f}) {usd['median'] / base:8.2f}"
+            f" {usd['median']:.6f} ({usd['min']:.6f}-{usd['max']:.6f}) {over_fp32[name]['median']:8.2f}"
         )
     result = {
         "machine": machine_info(),
         "config": {"repeats": repeats, "d_model": d_model, "price": f"{PROVIDER} {INSTANCE}", "quick": args.quick},
         "table": table,
-        "over_fp32": {name: row["usd"]["median"] / base for name, row in table.items()},
+        "over_fp32": over_fp32,
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
