@@ -148,8 +148,9 @@ class StragglerDetector(Callback):
         self._window_start = None
         wall_seconds = float(gathered[:, 1].max())
         tracker = next((cb for cb in trainer_callbacks(trainer) if isinstance(cb, CostTracker)), None)
-        priced = tracker is not None and tracker.meter is not None
-        usd = tracker.meter.usd(wall_seconds) if tracker is not None and tracker.meter is not None else 0.0
+        meter = tracker.meter if tracker is not None else None
+        priced = meter is not None
+        usd = meter.usd(wall_seconds) if meter is not None else 0.0
         verdict = self.tally.judge(gathered[:, 0].tolist(), wall_seconds=wall_seconds, usd=usd)
         self._last = verdict
         self.usd = self.tally.usd
