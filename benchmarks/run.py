@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info
+from _readme_details import details
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -249,8 +250,8 @@ def markdown(summary: list[Row]) -> str:
 
 
 def readme_block(latest: dict[str, Any]) -> str:
-    """What the README shows between its ``bench-summary`` markers: the table, then each run its rows come from
-    (command, date, commit, machine)."""
+    """What the README shows between its ``bench-summary`` markers: the table, each run its rows come from (command,
+    date, commit, machine), then every benchmark's figures (``_readme_details.py``)."""
     lines = [markdown(latest["summary"]), "", "The rows come from these runs:", ""]
     for run in latest["runs"]:
         m = run["machine"]
@@ -259,8 +260,8 @@ def readme_block(latest: dict[str, Any]) -> str:
             f"- `{run['command']}` on {run['date']} {commit}: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
             f"torch {m['torch']}, Lightning {m['lightning']} ({', '.join(run['benchmarks'])})"
         )
-    lines += ["", f"{sum(latest['seconds'].values()) / 60:.0f} min of benchmarks in all."]
-    return "\n".join(lines)
+    lines += ["", f"{sum(latest['seconds'].values()) / 60:.0f} min of benchmarks in all. Each benchmark's figures:"]
+    return "\n".join(lines) + "\n\n" + details(latest["results"])
 
 
 def merge_runs(earlier: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -308,6 +309,7 @@ def main() -> None:
     names = args.only or list(BENCHMARKS)
 
     command_line = " ".join(["benchmarks/run.py", *(arg for arg in sys.argv[1:] if not arg.startswith("--out"))])
+    commit = _commit()  # before the run: it rewrites the tracked results it measures
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
@@ -333,7 +335,7 @@ def main() -> None:
     machine = machine_info()
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
           f"lightning {machine['lightning']}; {sum(seconds.values()) / 60:.1f} min")  # fmt: skip
-    run = {"command": command_line, "date": time.strftime("%Y-%m-%d"), "commit": _commit(), "machine": machine,
+    run = {"command": command_line, "date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": machine,
            "benchmarks": names}  # fmt: skip
     latest = {
         "runs": merge_runs(runs, run),

@@ -17,7 +17,7 @@ import yaml
 from lightning_scale.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from run import BENCHMARKS, readme_block
+from run import BENCHMARKS, MARKERS, readme_block
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -133,3 +133,29 @@ def test_the_performance_table_is_the_latest_full_benchmark_run():
     latest = json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text())
     assert latest["quick"] is False and set(latest["results"]) == set(BENCHMARKS)
     assert readme_block(latest) in README, "re-run `make bench` (it rewrites the README's summary table)"
+
+
+def outside_the_generated_tables(text: str) -> str:
+    """``text`` without the block ``benchmarks/run.py`` generates and without code blocks."""
+    start, end = text.find(MARKERS[0]), text.find(MARKERS[1])
+    if start >= 0:
+        text = text[:start] + text[end + len(MARKERS[1]) :]
+    return re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+
+
+def test_no_measured_figure_in_the_readme_lives_outside_the_generated_tables():
+    """Benchmark figures come from ``latest.json`` only: the Performance section's prose states none (its targets and
+    the step length that separates two of them are definitions, not figures), and no other section quotes a measured
+    spread ("median (min-max)")."""
+    start = README.index("## Performance")
+    section = README[start : README.index("\n## ", start)]
+    prose = outside_the_generated_tables(section)
+    figures = []
+    for found in re.finditer(r"(?<![\w.])(\d+(?:\.\d+)*)(?: ?(?:ms|s|MB|GB|%|\u00d7)(?!\w))?", prose):
+        value = found.group(1)
+        target = prose[max(0, found.start() - 2) : found.start()].strip() in ("≤", "≥")
+        if not target and value.count(".") <= 1 and ("." in value or found.group(0) != value):  # not an address
+            figures.append(found.group(0))
+    assert [f for f in figures if f != "20 ms"] == [], "state measured figures in benchmarks/_readme_details.py"
+    spreads = re.findall(r"\d+\.\d+ \(\d+(?:\.\d+)?[\u2013-]\d+(?:\.\d+)?\)", outside_the_generated_tables(README))
+    assert spreads == [], spreads
