@@ -10,6 +10,11 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 
+# Memory measurements run with glibc's mmap threshold fixed at 1 MiB: below its (rising) default threshold glibc serves
+# allocations from freed heap pages, which a resident size keeps counting after they are freed (or which hide a new
+# allocation); at 1 MiB every tensor that matters is mapped and unmapped on its own.
+MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}
+
 
 def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:

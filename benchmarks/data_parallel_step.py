@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info, paired_ratios, spread
+from _common import MEMORY_ENV, machine_info, paired_ratios, spread
 
 from lightning_scale.testing import launch_command, launch_environment
 
@@ -39,9 +39,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 MEMORY_D_MODEL = 416
 MEMORY_VARIANTS = ("ddp", "zero1", "fsdp")
-# glibc serves allocations below its (rising) mmap threshold from freed heap pages, which a resident size keeps
-# counting after they are freed; at 1 MiB every tensor of this width is mapped and unmapped on its own
-MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}
 
 
 def run(variants: list[str], rounds: int, steps: int, *options: str) -> dict[str, dict]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info, meets, paired_ratios, spread
+from _common import MEMORY_ENV, machine_info, meets, paired_ratios, spread
 
 from lightning_scale.testing import launch_command, launch_environment
 
@@ -35,9 +35,6 @@ JOB = Path(__file__).resolve().parent / "_pipeline_job.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 STAGES = 2
 TARGET = 0.95  # ours / raw throughput
-
-
-MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}  # freed tensors leave the resident set (data_parallel_step.py)
 
 
 def run(job: list[str], processes: int) -> dict[str, list]:

@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info, spread
+from _common import MEMORY_ENV, machine_info, spread
 from resume_time import s3_server
 
 from lightning_scale.testing import launch_command, launch_environment
@@ -48,7 +48,6 @@ JOB = Path(__file__).resolve().parent / "_sharded_checkpoint_job.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.1  # async / sync blocked time per save, every round
 MB = 1e6
-MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}  # see the docstring
 
 
 def run_job(part: str, dirs: dict[str, str], size: dict[str, int], env: dict[str, str], workdir: Path) -> dict:

@@ -103,11 +103,7 @@ def _vote_tensor(*values: int) -> torch.Tensor:
 
 def any_rank(flag: bool) -> bool:
     """True on every rank when ``flag`` is true on at least one rank."""
-    if not _group_ready() or dist.get_world_size() == 1:
-        return bool(flag)
-    vote = _vote_tensor(int(bool(flag)))
-    dist.all_reduce(vote, op=dist.ReduceOp.MAX)
-    return bool(vote.item())
+    return any_rank_each([flag])[0]
 
 
 def any_rank_each(flags: Sequence[bool]) -> list[bool]:

@@ -181,9 +181,7 @@ class BudgetedEarlyStopping(EarlyStopping):
     ) -> None:
         if not StepVote.of(trainer).agreed(self, trainer, outputs, batch_idx):
             return
-        rank, (reason, reached) = next(
-            (rank, value) for rank, value in enumerate(distributed.all_gather_object(self._reached)) if value
-        )
+        rank, (reason, reached) = _first_of(self._reached)
         where = f" on rank {rank}" if trainer.world_size > 1 else ""
         self._stop(trainer, reason, f"Budget reached ({reason}){where}: {reached} after step {trainer.global_step}.")
 
@@ -269,6 +267,9 @@ def _skipped(trainer: pl.Trainer) -> bool:
 
 def _first_on_any_rank(local: T | None) -> tuple[int, T] | None:
     """``(rank, value)`` of the lowest rank with a value, the same on every rank; ``None`` when no rank has one."""
-    if not distributed.any_rank(local is not None):
-        return None
+    return _first_of(local) if distributed.any_rank(local is not None) else None
+
+
+def _first_of(local: T | None) -> tuple[int, T]:
+    """``(rank, value)`` of the lowest rank with a value, on every rank; call when some rank has one."""
     return next((rank, value) for rank, value in enumerate(distributed.all_gather_object(local)) if value is not None)
