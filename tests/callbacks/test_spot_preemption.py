@@ -74,6 +74,29 @@ def test_replaces_lightnings_sigterm_handler_from_the_sanity_check_on_and_restor
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+class BroadcastProbe(Callback):
+    """Whether the training loop's per-step SIGTERM broadcast is Lightning's own method at each batch."""
+
+    def __init__(self) -> None:
+        self.lightnings: list[bool] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.lightnings.append("_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop))
+
+
+@pytest.mark.parametrize(("signals", "skipped"), [(("SIGTERM", "SIGUSR1"), True), (("SIGUSR1",), False)])
+def test_lightnings_per_step_sigterm_broadcast_is_skipped_only_while_ours_holds_sigterm(
+    tmp_path, tiny_trainer_kwargs, signals, skipped
+):
+    probe = BroadcastProbe()
+    callbacks = [ResumableCheckpoint(dirpath=str(tmp_path / "ckpt")), SpotPreemption([SignalNotice(signals)]), probe]
+    seed_everything(0)
+    trainer = Trainer(max_steps=3, callbacks=callbacks, **tiny_trainer_kwargs)
+    trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
+    assert probe.lightnings == [not skipped] * 3
+    assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)  # Lightning's again after fit
+
+
 def test_saves_only_when_the_last_save_fits_before_the_deadline(tmp_path):
     checkpoint = ResumableCheckpoint(dirpath=str(tmp_path))
     preemption = SpotPreemption()
