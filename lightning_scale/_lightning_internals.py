@@ -14,9 +14,12 @@ Lightning 2.6 offers no public hook for fourteen things lightning-scale needs; e
    reported to all ranks instead of leaving them waiting at that barrier;
 6. replacing Lightning's SIGTERM handler (it runs a collective inside the handler) — done by installing ours after
    Lightning's, in ``on_train_start`` — and then skipping the training loop's per-step broadcast of rank 0's SIGTERM
-   flag, which only Lightning's handler sets (one collective every step, for a flag that can no longer change); and
+   flag, which only Lightning's handler sets (one collective every step, for a flag that can no longer change);
    stopping dataloader worker processes before an emergency exit (Lightning's ``CombinedLoader.reset`` only stops
-   torch's own multi-process iterator, not torchdata's);
+   torch's own multi-process iterator, not torchdata's); and turning off the SLURM environment's ``auto_requeue``
+   (Lightning's own USR1/SIGTERM handlers, which save ``hpc_ckpt_*`` files and requeue the job a second time), which
+   the signal connector reads from the accelerator connector, not from the strategy (a single-device strategy has
+   none);
 7. whether the Trainer sends this training step's metrics to its loggers (``log_every_n_steps`` counts batches
    that stepped, a private counter), so metrics that cost something to compute are logged only then;
 8. restoring weights, optimizers, schedulers and precision state from a checkpoint in the middle of fit (a rollback):
@@ -49,6 +52,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.data import _auto_add_worker_init_fn, sized_len
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
@@ -284,6 +288,20 @@ def skip_sigterm_broadcast(trainer: pl.Trainer) -> Callable[[], None]:
 
 def _skip() -> None:
     return None
+
+
+def turn_off_slurm_auto_requeue(trainer: pl.Trainer) -> Callable[[], None]:
+    """Keep Lightning from installing its SLURM auto-requeue signal handlers in this fit (call before the stage starts:
+    the setup hook); returns the undo. Nothing to do outside a SLURM environment or where it is off already."""
+    environment = trainer._accelerator_connector.cluster_environment
+    if not (isinstance(environment, SLURMEnvironment) and environment.auto_requeue):
+        return _skip
+    environment.auto_requeue = False
+
+    def undo() -> None:
+        environment.auto_requeue = True
+
+    return undo
 
 
 def shut_down_dataloader_workers(trainer: pl.Trainer) -> None:

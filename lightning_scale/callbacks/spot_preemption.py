@@ -22,6 +22,7 @@ from lightning_scale._lightning_internals import (
     process_dataloaders_with,
     shut_down_dataloader_workers,
     skip_sigterm_broadcast,
+    turn_off_slurm_auto_requeue,
 )
 from lightning_scale._process_local import ProcessLocal
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
@@ -62,7 +63,13 @@ class SpotPreemption(ProcessLocal, Callback):
         check_every_n_steps: Training steps between two votes (>= 1).
         exit_code: Process exit code after a preemption (1-255); 143 is the SIGTERM convention (128 + 15).
         slurm_requeue: Inside a SLURM job (``SLURM_JOB_ID`` set), rank 0 runs ``scontrol requeue <job id>`` after the
-            checkpoint, so the job goes back to the queue and resumes (submit with ``sbatch --requeue``).
+            checkpoint, so the job goes back to the queue and resumes (submit with ``sbatch --requeue``). Lightning's
+            own SLURM auto-requeue (``SLURMEnvironment(auto_requeue=True)``, which would save ``hpc_ckpt_*`` files and
+            requeue the job a second time) is turned off for the fit.
+        max_slurm_requeues: The most times a job is requeued: a run that starts with ``SLURM_RESTART_COUNT`` at this
+            count (every requeue counts, ours, an operator's or SLURM's own after a node failure) checkpoints, says
+            so and exits without requeueing, so that a job whose every run is preempted (a time limit shorter than
+            start-up plus one checkpoint interval) cannot loop forever. ``None``: no limit.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -76,6 +83,7 @@ class SpotPreemption(ProcessLocal, Callback):
     PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {
         "_unshield": lambda: _nothing,
         "_restore_sigterm_broadcast": lambda: _nothing,
+        "_restore_auto_requeue": lambda: _nothing,
         "_checkpoint": None,
     }
 
@@ -85,12 +93,17 @@ class SpotPreemption(ProcessLocal, Callback):
         check_every_n_steps: int = 1,
         exit_code: int = 143,
         slurm_requeue: bool = True,
+        max_slurm_requeues: int | None = 20,
     ) -> None:
         if check_every_n_steps < 1:
             raise ConfigurationError(f"check_every_n_steps={check_every_n_steps} must be >= 1 (SpotPreemption).")
         if not 1 <= exit_code <= 255:
             raise ConfigurationError(
                 f"exit_code={exit_code} must be in 1..255; 0 would tell the orchestrator 'finished'."
+            )
+        if max_slurm_requeues is not None and max_slurm_requeues < 0:
+            raise ConfigurationError(
+                f"max_slurm_requeues={max_slurm_requeues} must be >= 0 (0: never requeue), or None for no limit."
             )
         self.sources: list[NoticeSource] = list(sources) if sources is not None else [SignalNotice()]
         bad = [s for s in self.sources if not isinstance(s, NoticeSource)]
@@ -99,6 +112,7 @@ class SpotPreemption(ProcessLocal, Callback):
         self.check_every_n_steps = check_every_n_steps
         self.exit_code = exit_code
         self.slurm_requeue = slurm_requeue
+        self.max_slurm_requeues = max_slurm_requeues
         self._checkpoint: ResumableCheckpoint | None = None
         self._started = False
         self._preempted: dict[str, Any] | None = None  # the notice that stopped the run, kept in the checkpoint
@@ -106,6 +120,7 @@ class SpotPreemption(ProcessLocal, Callback):
         self._notice: Notice | None = None  # this rank's, at the last vote
         self._unshield: Callable[[], None] = _nothing
         self._restore_sigterm_broadcast: Callable[[], None] = _nothing
+        self._restore_auto_requeue: Callable[[], None] = _nothing
 
     @property
     @override
@@ -118,6 +133,8 @@ class SpotPreemption(ProcessLocal, Callback):
             return
         self._checkpoint = ResumableCheckpoint.of(trainer, "SpotPreemption (to save the full state on a notice)")
         StepVote.of(trainer).join(self, self._ballot)
+        if self.slurm_requeue:  # before the stage, when Lightning would install its handlers
+            self._restore_auto_requeue = turn_off_slurm_auto_requeue(trainer)
         signals = sorted(
             {name for source in self.sources if isinstance(source, SignalNotice) for name in source.signals}
         )
@@ -209,13 +226,18 @@ class SpotPreemption(ProcessLocal, Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         StepVote.of(trainer).leave(self)
-        self._stop_sources()
-        self._unshield()
+        self._undo()
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._undo()
+
+    def _undo(self) -> None:
+        """Stop the sources and undo what setup changed in the fit's loaders and SLURM environment."""
         self._stop_sources()
         self._unshield()
+        self._restore_auto_requeue()
+        self._restore_auto_requeue = _nothing
 
     def _stop_sources(self) -> None:
         self._restore_sigterm_broadcast()
@@ -292,15 +314,29 @@ class SpotPreemption(ProcessLocal, Callback):
         job = os.environ.get("SLURM_JOB_ID")
         if not (self.slurm_requeue and job):
             return
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        if self.max_slurm_requeues is not None and restarts >= self.max_slurm_requeues:
+            log.warning(
+                f"Not requeueing SLURM job {job}: it was requeued {restarts} times already "
+                f"(max_slurm_requeues={self.max_slurm_requeues}). Resubmit it to resume from its newest checkpoint, "
+                "or raise SpotPreemption's max_slurm_requeues."
+            )
+            return
         try:
             done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=30)
             problem = None if done.returncode == 0 else f"exit code {done.returncode}: {done.stderr.strip()[:200]}"
         except (OSError, subprocess.TimeoutExpired) as err:
             problem = f"{type(err).__name__}: {err}"
-        if problem:
+        if problem and "pending execution" in problem:  # requeued already: by an operator, or by SLURM's preemption
+            rank_zero_info(f"SLURM job {job} is back in the queue already; it resumes from the checkpoint.")
+        elif problem:
             log.warning(f"`scontrol requeue {job}` failed ({problem}); resubmit the job to resume it.")
         else:
-            log.info(f"Requeued SLURM job {job}; it resumes from the checkpoint when it starts again.")
+            limit = "" if self.max_slurm_requeues is None else f" of at most {self.max_slurm_requeues}"
+            rank_zero_info(
+                f"Requeued SLURM job {job} (requeue {restarts + 1}{limit}); it resumes from the checkpoint when it "
+                "starts again."
+            )
 
     def _exit(self, trainer: pl.Trainer) -> None:
         if trainer.is_global_zero:

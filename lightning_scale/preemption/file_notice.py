@@ -19,6 +19,9 @@ class FileNotice(PollingSource):
         poll_interval: Seconds between checks.
         grace_seconds: Time between the file appearing and the hard kill (Kubernetes'
             ``terminationGracePeriodSeconds``).
+        ignore_existing: Ignore a file written before the source started (an earlier attempt's notice). ``False``
+            where the writer removes stale notices itself and a notice may come while the job starts: the SLURM
+            example deletes it when each run of the job starts, and its trap may write it before training does.
 
     Example:
         >>> FileNotice("/tmp/preempted", poll_interval=0.5).poll() is None
@@ -27,16 +30,20 @@ class FileNotice(PollingSource):
 
     name = "file"
 
-    def __init__(self, path: str, poll_interval: float = 1.0, grace_seconds: float = 25.0) -> None:
+    def __init__(
+        self, path: str, poll_interval: float = 1.0, grace_seconds: float = 25.0, ignore_existing: bool = True
+    ) -> None:
         super().__init__(poll_interval)
         self.path = str(path)
         self.grace_seconds = validate_interval(grace_seconds, "grace_seconds")
+        self.ignore_existing = ignore_existing
         self._seen_empty = False
         self._since_unix: float | None = None
 
     def start(self) -> None:
-        """Watch for the file; one left from before this start (an earlier attempt's notice) is ignored."""
-        if self._since_unix is None:
+        """Watch for the file; one left from before this start (an earlier attempt's notice) is ignored unless
+        ``ignore_existing`` is ``False``."""
+        if self._since_unix is None and self.ignore_existing:
             self._since_unix = time.time() - 1.0  # coarse file times
         super().start()
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.strategies import DDPStrategy
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
@@ -26,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ({"check_every_n_steps": 0}, r"check_every_n_steps=0 must be >= 1"),
         ({"exit_code": 0}, r"exit_code=0 must be in 1\.\.255; 0 would tell the orchestrator 'finished'"),
         ({"exit_code": 256}, r"exit_code=256 must be in 1\.\.255"),
+        ({"max_slurm_requeues": -1}, r"max_slurm_requeues=-1 must be >= 0 \(0: never requeue\), or None for no limit"),
     ],
 )
 def test_bad_arguments_are_refused_at_construction(kwargs, message):
@@ -97,6 +100,41 @@ def test_lightnings_per_step_sigterm_broadcast_is_skipped_only_while_ours_holds_
     assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)  # Lightning's again after fit
 
 
+class SlurmRequeueProbe(Callback):
+    """The SLURM environment's ``auto_requeue`` and the SIGUSR1 handler at each batch."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, object]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        environment = trainer.strategy.cluster_environment
+        self.seen.append((environment.auto_requeue, signal.getsignal(signal.SIGUSR1)))
+
+
+@pytest.mark.parametrize("slurm_requeue", [True, False])
+def test_lightnings_own_slurm_auto_requeue_is_off_while_ours_requeues(
+    tmp_path, tiny_trainer_kwargs, monkeypatch, slurm_requeue
+):
+    """Lightning's handlers would save ``hpc_ckpt_*`` files and requeue the job a second time."""
+    for name, value in {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                        "SLURM_NODEID": "0", "SLURM_JOB_NAME": "train"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    environment, probe = SLURMEnvironment(), SlurmRequeueProbe()
+    before = signal.getsignal(signal.SIGUSR1)
+    # SIGTERM only: our handler does not hide whether Lightning installed its SIGUSR1 handler
+    preemption = SpotPreemption([SignalNotice(["SIGTERM"])], slurm_requeue=slurm_requeue)
+    callbacks = [ResumableCheckpoint(dirpath=str(tmp_path / "ckpt")), preemption, probe]
+    kwargs = {**tiny_trainer_kwargs, "strategy": DDPStrategy(cluster_environment=environment)}
+    Trainer(max_steps=2, callbacks=callbacks, **kwargs).fit(
+        CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8)
+    )
+    if slurm_requeue:
+        assert probe.seen == [(False, before)] * 2
+    else:
+        assert [auto for auto, _ in probe.seen] == [True] * 2 and all(h != before for _, h in probe.seen)
+    assert environment.auto_requeue and signal.getsignal(signal.SIGUSR1) == before  # as they were after fit
+
+
 def test_saves_only_when_the_last_save_fits_before_the_deadline(tmp_path):
     checkpoint = ResumableCheckpoint(dirpath=str(tmp_path))
     preemption = SpotPreemption()
@@ -162,7 +200,7 @@ def test_a_wandb_offline_run_is_finished_with_the_preemption_before_exit(tmp_pat
 
 @pytest.mark.timeout(120)
 def test_inside_slurm_rank0_requeues_the_job_after_the_checkpoint(tmp_path, monkeypatch):
-    # No SLURM here: a stand-in `scontrol` on PATH records how it is called (the real one needs a SLURM cluster).
+    # A stand-in `scontrol` on PATH records how it is called (tests/slurm runs the real one, on a real cluster).
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "scontrol-calls"
@@ -175,6 +213,35 @@ def test_inside_slurm_rank0_requeues_the_job_after_the_checkpoint(tmp_path, monk
     assert calls.read_text().split() == ["requeue", "4242"]
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == 7
+
+
+@pytest.mark.parametrize(
+    ("restarts", "limit", "stderr", "said"),
+    [
+        ("0", 20, "", "Requeued SLURM job 4242 (requeue 1 of at most 20)"),
+        ("2", None, "", "Requeued SLURM job 4242 (requeue 3);"),
+        ("3", 3, "", "Not requeueing SLURM job 4242: it was requeued 3 times already (max_slurm_requeues=3)"),
+        ("0", 20, "Job is pending execution for job 4242", "SLURM job 4242 is back in the queue already"),
+        ("0", 20, "Invalid job id specified", "`scontrol requeue 4242` failed (exit code 1: Invalid job id"),
+    ],
+)
+def test_the_requeue_says_what_it_did_and_stops_at_the_cap(
+    tmp_path, monkeypatch, caplog, restarts, limit, stderr, said
+):
+    """``scontrol``'s answers as Slurm 22.05 gives them (tests/slurm meets the real ones)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol-calls"
+    status = 1 if stderr else 0
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "{stderr}" >&2\nexit {status}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", restarts)
+    with caplog.at_level("INFO"):
+        SpotPreemption(max_slurm_requeues=limit)._requeue_on_slurm()
+    assert said in caplog.text
+    assert calls.exists() == ("Not requeueing" not in said)
 
 
 @pytest.mark.timeout(180)

@@ -411,3 +411,12 @@ def test_file_notice_ignores_a_file_left_from_before_it_started(tmp_path, runnin
     path.write_text("a new notice")
     wait_for(lambda: source.poll() is not None)
     assert source.poll().detail == "a new notice"
+
+
+def test_file_notice_told_not_to_ignore_existing_files_takes_one_written_before_it_started(tmp_path, running):
+    """The SLURM example deletes the notice when a run starts; its trap may write one before training starts."""
+    path = tmp_path / "notice"
+    path.write_text("slurm time limit")
+    os.utime(path, (time.time() - 60, time.time() - 60))
+    source = running(FileNotice(str(path), poll_interval=FAST, ignore_existing=False))
+    assert wait_for(source.poll, timeout=1.0).detail == "slurm time limit"
