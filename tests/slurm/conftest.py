@@ -4,11 +4,19 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import NoReturn
 
 import pytest
 
 from tests.slurm.cluster import SlurmCluster, running_cluster, unusable_reason
+
+
+def skip_or_fail(reason: str, environ: Mapping[str, str]) -> NoReturn:
+    """Skip the Slurm tests for ``reason``; under ``CI=true``, fail them instead."""
+    if environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"CI=true, and the Slurm tests cannot run: {reason}", pytrace=False)
+    pytest.skip(f"no Slurm cluster: {reason}")
 
 
 @pytest.fixture(scope="session")
@@ -21,8 +29,6 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     """
     reason = unusable_reason()
     if reason is not None:
-        if os.environ.get("CI", "").strip().lower() == "true":
-            pytest.fail(f"CI=true, and the Slurm tests cannot run: {reason}", pytrace=False)
-        pytest.skip(f"no Slurm cluster: {reason}")
+        skip_or_fail(reason, os.environ)
     with running_cluster(keep_logs_in=tmp_path_factory.mktemp("slurm-logs")) as cluster:
         yield cluster
