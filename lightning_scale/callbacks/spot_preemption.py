@@ -322,21 +322,23 @@ class SpotPreemption(ProcessLocal, Callback):
                 "or raise SpotPreemption's max_slurm_requeues."
             )
             return
+        limit = "" if self.max_slurm_requeues is None else f" of at most {self.max_slurm_requeues}"
+        # Said before: the requeue cancels the job step at once, and srun drops what its tasks print after that.
+        rank_zero_info(
+            f"Requeueing SLURM job {job} (requeue {restarts + 1}{limit}); it resumes from the checkpoint when it "
+            "starts again."
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
         try:
             done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=30)
             problem = None if done.returncode == 0 else f"exit code {done.returncode}: {done.stderr.strip()[:200]}"
         except (OSError, subprocess.TimeoutExpired) as err:
             problem = f"{type(err).__name__}: {err}"
         if problem and "pending execution" in problem:  # requeued already: by an operator, or by SLURM's preemption
-            rank_zero_info(f"SLURM job {job} is back in the queue already; it resumes from the checkpoint.")
+            rank_zero_info(f"SLURM job {job} was back in the queue already.")
         elif problem:
             log.warning(f"`scontrol requeue {job}` failed ({problem}); resubmit the job to resume it.")
-        else:
-            limit = "" if self.max_slurm_requeues is None else f" of at most {self.max_slurm_requeues}"
-            rank_zero_info(
-                f"Requeued SLURM job {job} (requeue {restarts + 1}{limit}); it resumes from the checkpoint when it "
-                "starts again."
-            )
 
     def _exit(self, trainer: pl.Trainer) -> None:
         if trainer.is_global_zero:

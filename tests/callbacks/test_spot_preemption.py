@@ -218,10 +218,10 @@ def test_inside_slurm_rank0_requeues_the_job_after_the_checkpoint(tmp_path, monk
 @pytest.mark.parametrize(
     ("restarts", "limit", "stderr", "said"),
     [
-        ("0", 20, "", "Requeued SLURM job 4242 (requeue 1 of at most 20)"),
-        ("2", None, "", "Requeued SLURM job 4242 (requeue 3);"),
+        ("0", 20, "", "Requeueing SLURM job 4242 (requeue 1 of at most 20)"),
+        ("2", None, "", "Requeueing SLURM job 4242 (requeue 3);"),
         ("3", 3, "", "Not requeueing SLURM job 4242: it was requeued 3 times already (max_slurm_requeues=3)"),
-        ("0", 20, "Job is pending execution for job 4242", "SLURM job 4242 is back in the queue already"),
+        ("0", 20, "Job is pending execution for job 4242", "SLURM job 4242 was back in the queue already."),
         ("0", 20, "Invalid job id specified", "`scontrol requeue 4242` failed (exit code 1: Invalid job id"),
     ],
 )

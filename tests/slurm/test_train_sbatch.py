@@ -127,7 +127,7 @@ def assert_stopped_and_requeued(output: str, job: str) -> str:
     assert len(stopped) == 1, output[-3000:]
     step, path = stopped[0]
     assert_every_rank_saved(Path(path), int(step))
-    assert f"Requeued SLURM job {job} (requeue 1 of at most 20)" in output
+    assert f"Requeueing SLURM job {job} (requeue 1 of at most 20)" in output
     return step
 
 
@@ -196,7 +196,7 @@ def test_a_lost_node_requeued_from_outside_resumes_from_the_newest_checkpoint_an
     [(step, path)] = re.findall(r"Preempted at step (\d+) \(file\): checkpoint (\S+) durable", output)
     assert_every_rank_saved(Path(path), int(step))
     assert f"Not requeueing SLURM job {job}: it was requeued 1 times already (max_slurm_requeues=1)" in output
-    assert "Requeued SLURM job" not in output
+    assert "Requeueing SLURM job" not in output
     time.sleep(2)
     assert slurm_cluster.job(job)["JobState"] == "FAILED"  # not requeued after all
 
