@@ -34,6 +34,10 @@ def test_private_members_we_wrap_exist():
     epoch_loop._broadcast_sigterm_tensor()  # no process group needed: it does nothing now
     undo()
     assert epoch_loop._broadcast_sigterm_tensor.__func__ is type(epoch_loop)._broadcast_sigterm_tensor
+    # turn_off_slurm_auto_requeue: the signal connector decides from the accelerator connector's environment
+    registers = inspect.getsource(type(trainer._signal_connector).register_signal_handlers)
+    assert "self.trainer._accelerator_connector.cluster_environment" in registers
+    assert "isinstance(environment, SLURMEnvironment) and environment.auto_requeue" in registers
 
 
 def test_logger_cadence_and_precision_state_key_we_rely_on_exist():

@@ -27,8 +27,8 @@ COLLECTIVE_MARGIN_S = 60.0
 
 class HangWatchdog(Callback):
     """End a rank that makes no progress, with its stacks in the log and exit code :data:`HANG_EXIT_CODE` (75), so
-    that torchrun (``--max-restarts``), SLURM or Kubernetes restart the job, which resumes from its newest valid
-    checkpoint.
+    that torchrun (``--max-restarts``) or Kubernetes restart the job (a SLURM job is requeued or resubmitted), which
+    resumes from its newest valid checkpoint.
 
     Each rank watches its own progress from a thread that needs no collective (a frozen peer leaves the others
     blocked in a collective: they stop making progress and exit, and the orchestrator restarts everyone). Progress is

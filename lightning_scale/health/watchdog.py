@@ -4,8 +4,9 @@ allowance, and :class:`StepAllowance` sizes that allowance from the step times i
 A rank that hangs (a frozen peer leaves it blocked in a collective, a deadlocked DataLoader worker, a stall in user
 code) never exits by itself, so no orchestrator restarts anything. The watchdog's thread needs no collective: each
 rank watches its own progress and, past the deadline, prints what it was doing, every stack of the process and of
-its DataLoader workers, and exits with :data:`HANG_EXIT_CODE`, which torchrun (``--max-restarts``), SLURM and
-Kubernetes restart like any failure; the restarted job resumes from its newest valid checkpoint.
+its DataLoader workers, and exits with :data:`HANG_EXIT_CODE`, which torchrun (``--max-restarts``) and Kubernetes
+restart like any failure (a SLURM job is requeued or resubmitted); the restarted job resumes from its newest valid
+checkpoint.
 """
 
 from __future__ import annotations

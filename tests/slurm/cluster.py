@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,7 @@ def unusable_reason() -> str | None:
     missing = _missing_commands()
     if missing:
         return f"{', '.join(missing)} still missing after `apt-get install {' '.join(PACKAGES)}`: {problem}"
+    warnings.warn(f"the Slurm tests installed {' '.join(PACKAGES)} with apt-get; they stay installed", stacklevel=1)
     return None
 
 
@@ -89,7 +91,7 @@ def _apt_get_install() -> str:
     return " / ".join(output.splitlines()[-3:])
 
 
-def _run_quietly(command: list[str], env: dict[str, str], timeout_s: float = 600.0) -> tuple[bool, str]:
+def _run_quietly(command: list[str], env: dict[str, str], timeout_s: float = 150.0) -> tuple[bool, str]:
     """Whether ``command`` succeeded, and its output."""
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -269,25 +271,14 @@ class SlurmCluster:
         ``SLURM_RESTART_COUNT`` one higher."""
         self.run("scontrol", "requeue", job_id)
 
-    def start_now(self, job_id: str) -> None:
-        """Make a pending (requeued) job eligible now instead of ``cred_expire + 1`` s after its run ended. Only once
-        a second has passed since that run ended: a launch credential no newer than the previous run's revocation is
-        refused, and a refused launch holds the job."""
-        self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-
     def node_is_idle(self) -> bool:
         """Whether the controller answers and the node is idle (registered, no job on it)."""
         done = self.run("sinfo", "--noheader", "--Node", "--format=%T", check=False)
         return done.returncode == 0 and done.stdout.split() == ["idle"]
 
-    def job_processes(self) -> list[int]:
-        """The cluster's live processes other than its daemons: a finished job's leftovers."""
-        daemons = {daemon.process.pid for daemon in self.daemons}
-        return [pid for pid in processes_of(self.scratch) if pid not in daemons]
-
-    def log_tails(self, lines: int = 15) -> str:
-        """The last ``lines`` lines of each daemon's log, for failure messages."""
-        return "\n".join(f"--- {daemon.name}:\n{_tail(daemon.log, lines)}" for daemon in self.daemons)
+    def log_tails(self) -> str:
+        """The end of each daemon's log, for failure messages."""
+        return _log_tails(self.daemons)
 
 
 def free_ports(count: int) -> list[int]:
@@ -384,8 +375,7 @@ def _wait_until(condition: Callable[[], bool], timeout_s: float, daemons: list[_
         dead = [daemon for daemon in daemons if daemon.process.poll() is not None]
         if dead or time.monotonic() > deadline:
             why = f"{dead[0].name} exited with code {dead[0].process.returncode}" if dead else f"{timeout_s:.0f} s"
-            logs = "\n".join(f"--- {daemon.name}:\n{_tail(daemon.log, 15)}" for daemon in daemons)
-            raise RuntimeError(f"the Slurm test cluster did not start: waited for {what}; {why}\n{logs}")
+            raise RuntimeError(f"the Slurm test cluster did not start: waited for {what}; {why}\n{_log_tails(daemons)}")
         time.sleep(0.1)
 
 
@@ -420,6 +410,10 @@ def _terminate(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _log_tails(daemons: list[_Daemon], lines: int = 15) -> str:
+    return "\n".join(f"--- {daemon.name}:\n{_tail(daemon.log, lines)}" for daemon in daemons)
 
 
 def _tail(path: Path, lines: int) -> str:

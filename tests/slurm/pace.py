@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 
 class Pace(Callback):
@@ -17,6 +18,7 @@ class Pace(Callback):
     def __init__(self, seconds_per_step: float) -> None:
         self.seconds_per_step = seconds_per_step if int(os.environ.get("SLURM_RESTART_COUNT") or 0) == 0 else 0.0
 
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
