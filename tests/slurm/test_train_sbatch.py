@@ -3,9 +3,9 @@ preempted by ``scancel --signal=USR1 --batch`` and by its ``--signal`` timer, it
 
 Each job runs the script as shipped, changed only where a test must: one node with 2 tasks of 1 CPU (the cluster
 has one node of 2 CPUs), the time limit and signal lead of the timer test, the checkpoint folder, and arguments
-passed through to ``lightning-scale fit``: the seed, the step count, the log folder, the requeue cap of one test, and
-a pace for the first run of a job (a sleep after each step, which changes nothing the job computes:
-``tests/slurm/pace.py``).
+passed through to ``lightning-scale fit``: the seed, the step count, the log folder, the requeue cap and a user's
+module and data (in place of the example's) in one test, and a pace for the first run of a job (a sleep after each
+step, which changes nothing the job computes: ``tests/slurm/pace.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ STEPS = 200  # the config checkpoints every 50 steps
 # A first run paced this much still has seconds of training left when a test acts after the checkpoint of step 50 or
 # 100 (the notice takes up to a second to be seen), on a busy machine too; requeued runs go at full speed.
 PACE = ("--trainer.callbacks+=tests.slurm.pace.Pace", "--trainer.callbacks.seconds_per_step")
+# A user's code in place of the example's: a plain module, torch's DataLoader with shuffle=True and 2 workers,
+# randomness (torch, NumPy, random) in __getitem__
+USER_CODE = ("--model=tests.data.user_code.UserMLP", "--data=tests.data.user_code.UserData",
+             '--data.cell={"loader": "torch", "shuffle": "shuffle_true", "workers": 2}')  # fmt: skip
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 240.0
 
@@ -100,13 +105,23 @@ def assert_same(left: Any, right: Any, where: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The final state of the same job never interrupted."""
-    tmp_path = tmp_path_factory.mktemp("uninterrupted")
-    job = submit(slurm_cluster, tmp_path)
-    fields = slurm_cluster.wait_for(job, {"COMPLETED"}, RUN_TIMEOUT_S)
-    assert fields["Restarts"] == "0", job_output(tmp_path, job)[-3000:]
-    return final_state(tmp_path / "ckpts")
+def uninterrupted(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., dict[str, Any]]:
+    """The final state of the same job never interrupted, by the model and data arguments it was given (each run
+    once)."""
+    states: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def state(fit: tuple[str, ...] = ()) -> dict[str, Any]:
+        if fit not in states:
+            tmp_path = tmp_path_factory.mktemp("uninterrupted")
+            job = submit(slurm_cluster, tmp_path, fit=fit)
+            fields = slurm_cluster.wait_for(job, {"COMPLETED"}, RUN_TIMEOUT_S)
+            assert fields["Restarts"] == "0", job_output(tmp_path, job)[-3000:]
+            states[fit] = final_state(tmp_path / "ckpts")
+        return states[fit]
+
+    return state
 
 
 @pytest.mark.timeout(600)
@@ -120,7 +135,7 @@ def test_usr1_to_the_batch_shell_checkpoints_requeues_and_the_job_ends_bitwise_e
     step = assert_stopped_and_requeued(job_output(tmp_path, job), job)
     slurm_cluster.wait_for(job, {"COMPLETED"}, RUN_TIMEOUT_S, restarts=1)
     assert_resumed(job_output(tmp_path, job), job, step)
-    assert_bitwise_equal(final_state(tmp_path / "ckpts"), uninterrupted)
+    assert_bitwise_equal(final_state(tmp_path / "ckpts"), uninterrupted())
 
 
 def assert_stopped_and_requeued(output: str, job: str) -> str:
@@ -167,7 +182,7 @@ def test_the_time_limit_signal_checkpoints_requeues_and_the_job_ends_bitwise_equ
     fields = slurm_cluster.wait_for(job, {"COMPLETED"}, RUN_TIMEOUT_S, restarts=1)
     assert fields["TimeLimit"] == "00:10:00", fields
     assert_resumed(job_output(tmp_path, job), job, step)
-    assert_bitwise_equal(final_state(tmp_path / "ckpts"), uninterrupted)
+    assert_bitwise_equal(final_state(tmp_path / "ckpts"), uninterrupted())
 
 
 @pytest.mark.timeout(600)
@@ -176,9 +191,10 @@ def test_a_lost_node_requeued_from_outside_resumes_from_the_newest_checkpoint_an
 ):
     """Every process of the job is killed (a node lost: no notice) and an operator requeues it; the second run resumes
     from the newest valid checkpoint. With ``max_slurm_requeues=1`` that requeue was the last: preempted again, the
-    job says so and ends; resubmitted, it finishes, bitwise equal to the job never interrupted."""
+    job says so and ends; resubmitted, it finishes, bitwise equal to the job never interrupted. The job trains a user's
+    module on torch's ``DataLoader`` with ``shuffle=True`` and 2 workers, with randomness in ``__getitem__``."""
     cap = ("--preemption.max_slurm_requeues", "1")
-    job = submit(slurm_cluster, tmp_path, fit=(*cap, *PACE, "0.03"))
+    job = submit(slurm_cluster, tmp_path, fit=(*USER_CODE, *cap, *PACE, "0.03"))
     wait_for_checkpoint(slurm_cluster, tmp_path, job, 100)
     assert slurm_cluster.kill(job), "no process of the job to kill"
     fields = slurm_cluster.wait_for(job, {"FAILED"}, 60)
@@ -202,9 +218,9 @@ def test_a_lost_node_requeued_from_outside_resumes_from_the_newest_checkpoint_an
     assert f"Not requeueing SLURM job {job}: it was requeued 1 times already (max_slurm_requeues=1)" in output
     assert "Requeueing SLURM job" not in output
 
-    again = submit(slurm_cluster, tmp_path, fit=cap)  # what the message says to do
+    again = submit(slurm_cluster, tmp_path, fit=(*USER_CODE, *cap))  # what the message says to do
     slurm_cluster.wait_for(again, {"COMPLETED"}, RUN_TIMEOUT_S, restarts=0)
     output = job_output(tmp_path, again)
     assert re.search(rf"Auto-resuming from \S+step={step}\.ckpt \(global step {step},", output), output[-3000:]
     assert f"Resumed after a preemption: file notice, checkpointed at step {step}" in output
-    assert_bitwise_equal(final_state(tmp_path / "ckpts"), uninterrupted)
+    assert_bitwise_equal(final_state(tmp_path / "ckpts"), uninterrupted(USER_CODE))
