@@ -41,6 +41,8 @@ __all__ = [
     "on_every_rank",
     "on_rank_zero",
     "rank",
+    "receive_blobs",
+    "send_blobs",
     "send_to_others",
     "start_receive",
     "world_size",
@@ -172,6 +174,30 @@ def start_receive(tensor: torch.Tensor, src: int, group: Any = None, tag: int = 
     if not (_group_ready() and dist.get_world_size(group) > 1):
         return []
     return [dist.irecv(tensor, src=src, group=group, tag=tag)]
+
+
+def send_blobs(blobs: Sequence[torch.Tensor], dst: int, group: Any = None) -> None:
+    """Send flat ``uint8`` CPU tensors to global rank ``dst`` (blocking), which takes them with :func:`receive_blobs`;
+    ``group`` must be able to send CPU tensors (gloo)."""
+    if not (_group_ready() and dist.get_world_size(group) > 1):
+        raise RuntimeError("send_blobs needs a process group of more than one rank")
+    dist.send(torch.tensor([blob.numel() for blob in blobs], dtype=torch.int64), dst, group=group)
+    for blob in blobs:
+        if blob.numel():
+            dist.send(blob, dst, group=group)
+
+
+def receive_blobs(count: int, src: int, group: Any = None) -> list[torch.Tensor]:
+    """The ``count`` tensors global rank ``src`` sends with :func:`send_blobs`."""
+    if not (_group_ready() and dist.get_world_size(group) > 1):
+        raise RuntimeError("receive_blobs needs a process group of more than one rank")
+    sizes = torch.empty(count, dtype=torch.int64)
+    dist.recv(sizes, src, group=group)
+    blobs = [torch.empty(int(size), dtype=torch.uint8) for size in sizes.tolist()]
+    for blob in blobs:
+        if blob.numel():
+            dist.recv(blob, src, group=group)
+    return blobs
 
 
 def all_reduce_sum_(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:

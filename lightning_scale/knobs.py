@@ -11,6 +11,7 @@ __all__ = [
     "LOADER_STATE_HISTORY",
     "PREEMPTION_SAVE_MARGIN",
     "PROGRESS_EVERY_S",
+    "SNAPSHOT_DIR",
     "STORAGE_ATTEMPTS",
     "STORAGE_BACKOFF_S",
     "STORAGE_CALL_TIMEOUT_S",
@@ -27,6 +28,10 @@ def _int(name: str, default: int) -> int:
 
 def _float(name: str, default: float) -> float:
     return float(os.environ.get(f"LIGHTNING_SCALE_{name}", default))
+
+
+def _str(name: str, default: str) -> str:
+    return os.environ.get(f"LIGHTNING_SCALE_{name}", default)
 
 
 HASH_CHUNK_BYTES = _int("HASH_CHUNK_BYTES", 8 * 1024 * 1024)
@@ -73,3 +78,6 @@ PROGRESS_EVERY_S = _float("PROGRESS_EVERY_S", 10.0)
 WORKER_START_TIMEOUT_S = _float("WORKER_START_TIMEOUT_S", 600.0)
 """Default bound for a training loader's workers to deliver the first batch of an epoch before the rank reports them
 stuck and exits (``DataStateCheckpoint(worker_start_timeout_s=...)``)."""
+
+SNAPSHOT_DIR = _str("SNAPSHOT_DIR", "/dev/shm")
+"""Node-local shared memory where ``ResumableCheckpoint`` keeps its memory snapshots (a tmpfs; each node its own)."""

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
+from lightning_scale import knobs
 from lightning_scale._warnings import ignore_library_warnings
 from tests.faulty_fs import FaultyFileSystem
 
@@ -34,6 +38,17 @@ def _restore_process_state() -> Iterator[None]:
         signal.signal(sig, handler)
     os.environ.clear()
     os.environ.update(environ)
+
+
+@pytest.fixture(autouse=True)
+def snapshot_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Node-local shared memory of this test's memory snapshots (its jobs' too), removed after it: a test that fails
+    before its job finished leaves no snapshot behind for the next."""
+    root = Path(tempfile.mkdtemp(prefix="lightning-scale-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    monkeypatch.setenv("LIGHTNING_SCALE_SNAPSHOT_DIR", str(root))
+    monkeypatch.setattr(knobs, "SNAPSHOT_DIR", str(root))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

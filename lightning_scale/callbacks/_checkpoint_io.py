@@ -28,11 +28,17 @@ class ShardedAwareCheckpointIO(CheckpointIO):
     else to the ``CheckpointIO`` it wraps; set on DDP-like strategies, whose own loader reads single files only.
 
     ``merge_zero_shares``: merge the per-rank shares of a ZeRO-1 optimizer state into one state dict, for strategies
-    that do not (``data_parallel`` takes only its own share when it can)."""
+    that do not (``data_parallel`` takes only its own share when it can). A checkpoint given to :meth:`preload` (a
+    memory snapshot) is what the next load of its path returns, once."""
 
     def __init__(self, inner: CheckpointIO, merge_zero_shares: bool) -> None:
         self.inner = inner
         self.merge_zero_shares = merge_zero_shares
+        self._preloaded: dict[str, dict[str, Any]] = {}
+
+    def preload(self, path: str, checkpoint: dict[str, Any]) -> None:
+        """Have the next :meth:`load_checkpoint` of ``path`` return ``checkpoint``."""
+        self._preloaded[path] = checkpoint
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         self.inner.save_checkpoint(checkpoint, path, storage_options)
@@ -40,6 +46,8 @@ class ShardedAwareCheckpointIO(CheckpointIO):
     def load_checkpoint(
         self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
+        if str(path) in self._preloaded:
+            return self._preloaded.pop(str(path))
         if is_sharded_checkpoint(str(path)):
             checkpoint = load_sharded(str(path), weights_only=weights_only)
             if self.merge_zero_shares:

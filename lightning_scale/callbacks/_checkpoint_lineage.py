@@ -7,7 +7,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -26,6 +26,9 @@ from lightning_scale.checkpoint.resume import (
     tensor_shapes,
 )
 from lightning_scale.checkpoint.store import CheckpointStore
+
+if TYPE_CHECKING:
+    from lightning_scale.callbacks._checkpoint_snapshots import MemoryResume
 
 __all__ = ["RunLineage", "reported"]
 
@@ -68,23 +71,40 @@ class RunLineage(ProcessLocal):
             raise RuntimeError("RunLineage.begin() sets the checkpoint directory at setup of fit.")
         return self._store
 
-    def choose_resume(self, trainer: pl.Trainer) -> str | None:
-        """The checkpoint a fit started without ``ckpt_path`` resumes from (every rank; ``None``: from scratch)."""
+    def choose_resume(
+        self, trainer: pl.Trainer, memory: Callable[[tuple[int, int] | None], MemoryResume | None] | None = None
+    ) -> str | None:
+        """The checkpoint a fit started without ``ckpt_path`` resumes from (every rank; ``None``: from scratch).
+
+        ``memory(durable)``, called on every rank with the ``(generation, step)`` of the newest durable checkpoint
+        (``None``: none with a manifest), returns a memory snapshot to resume from instead, if one is as new."""
         if trainer.global_step > 0:
             return None  # a second fit on this Trainer continues from memory, which is at least as new
         choice = self._on_storage(lambda: reported(choose_resume(self.store)), "Looking for a checkpoint")
+        durable = None if choice.manifest is None else (choice.manifest.generation, choice.manifest.global_step)
+        resumed = memory(durable) if memory is not None else None
+        if resumed is not None:
+            header = resumed.header
+            where = f"from rank {resumed.received_from}'s node" if resumed.received_from is not None else "on this node"
+            self._banner(trainer, f"the memory snapshot of step {header.step} ({where})", header.step,
+                         header.epoch, header.created_unix)  # fmt: skip
+            return resumed.path
         if choice.path is None:
             rank_zero_info(f"No valid checkpoint in {self.store.dirpath}: starting from scratch.")
             return None
         if choice.manifest is None:
             return choice.path  # written by a stock ModelCheckpoint: no manifest to check it against or to show
         check_same_model(choice.manifest, tensor_shapes(trainer.lightning_module.state_dict()), choice.path)
-        if trainer.is_global_zero:  # for the banner at on_train_start, once every callback has restored its state
-            manifest = choice.manifest
-            last_seen = self._progress.last_step() if self._progress is not None else None
-            age_s = time.time() - manifest.created_unix
-            self._resume_info = ResumeInfo(choice.path, manifest.global_step, manifest.epoch, age_s, last_seen)
+        manifest = choice.manifest
+        self._banner(trainer, choice.path, manifest.global_step, manifest.epoch, manifest.created_unix)
         return choice.path
+
+    def _banner(self, trainer: pl.Trainer, source: str, step: int, epoch: int, created_unix: float) -> None:
+        """Rank 0 keeps what it resumes from for the banner at ``on_train_start`` (once every callback restored its
+        state)."""
+        if trainer.is_global_zero:
+            last_seen = self._progress.last_step() if self._progress is not None else None
+            self._resume_info = ResumeInfo(source, step, epoch, time.time() - created_unix, last_seen)
 
     def start_training(self, trainer: pl.Trainer) -> None:
         """Training starts (every rank): print the resume banner, and start a new generation when the directory

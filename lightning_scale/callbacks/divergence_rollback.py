@@ -146,6 +146,7 @@ class DivergenceRollback(Callback):
         except distributed.RankFailedError as err:
             raise RuntimeError(f"Rolling back to {path} after a divergence at step {step} failed: {err}") from err
         restore_training_state(trainer, checkpoint)
+        self._checkpoint.discard_snapshots()  # they hold the diverged state
         self.rollbacks += 1
         stop = self.rollbacks > self.max_rollbacks
         rank_zero_warn(

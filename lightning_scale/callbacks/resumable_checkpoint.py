@@ -30,6 +30,7 @@ from lightning_scale.callbacks._checkpoint_companions import add_companions
 from lightning_scale.callbacks._checkpoint_format import choose_format, local_cache
 from lightning_scale.callbacks._checkpoint_io import plugin_save_file
 from lightning_scale.callbacks._checkpoint_lineage import RunLineage, reported
+from lightning_scale.callbacks._checkpoint_snapshots import MemoryResume, MemorySnapshots
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.hang_watchdog import HangWatchdog
@@ -41,6 +42,7 @@ from lightning_scale.checkpoint.saver import SaveHooks, Saver, SaveRequest, make
 from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.checkpoint.writer import CheckpointWriter
 from lightning_scale.errors import ConfigurationError
+from lightning_scale.snapshot import SnapshotCadence
 
 __all__ = ["ResumableCheckpoint"]
 
@@ -61,7 +63,11 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     - **retention and generations**: the ``keep_last_k`` newest of this run; a fit behind newer checkpoints keeps
       them and writes a generation that the next resume prefers;
     - **storage** (a path or any fsspec URL), **auto-resume** (``fit`` without ``ckpt_path`` resumes from the newest
-      valid checkpoint) and **full state** (a :class:`DataStateCheckpoint` adds every rank's data and RNG state).
+      valid checkpoint) and **full state** (a :class:`DataStateCheckpoint` adds every rank's data and RNG state);
+    - **memory snapshots**: the same state, each rank's own, copied into node-local shared memory (``/dev/shm``) as
+      often as ``snapshot_max_overhead`` allows (every step for a small state); a restarted job resumes from the
+      newest step every rank can load from memory when it is at least as new as the durable checkpoint, and
+      finished training removes them. Under ``ddp``, ``data_parallel`` and on one device.
 
     Args:
         dirpath: Directory or fsspec URL for checkpoints. Default: ``<default_root_dir>/checkpoints``, the same on
@@ -74,6 +80,10 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         mean_time_between_interruptions_hours: Expected hours between interruptions (e.g. from the spot market's
             interruption rate), for ``every_n_minutes="auto"``.
         every_n_epochs: Save every this many epochs (default: every epoch when no other trigger is set).
+        snapshot_every_n_steps: Take a memory snapshot every this many optimizer steps, ``"auto"`` (as often as
+            ``snapshot_max_overhead`` allows, at least the Young/Daly interval when
+            ``mean_time_between_interruptions_hours`` is given), or ``None`` (none).
+        snapshot_max_overhead: The share of step time that ``"auto"`` memory snapshots may take.
         local_cache_dir: A local directory that absorbs each save (training waits for the local copy only); rank 0
             then uploads it to ``dirpath`` on its writer thread, at most one upload in flight. Single files only.
         async_save: Write checkpoints on a background thread; training waits only for a host-memory copy of the
@@ -120,6 +130,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         every_n_minutes: float | Literal["auto"] | None = None,
         mean_time_between_interruptions_hours: float | None = None,
         every_n_epochs: int | None = None,
+        snapshot_every_n_steps: int | Literal["auto"] | None = "auto",
+        snapshot_max_overhead: float = 0.01,
         async_save: bool = False,
         sharded: bool | None = None,
         local_cache_dir: str | None = None,
@@ -162,7 +174,12 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self.data_state = data_state
         self.strict_resume = strict_resume
         self.wandb_resume = wandb_resume
+        self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.snapshot_max_overhead = snapshot_max_overhead
         self._lineage = RunLineage()
+        self._snapshots = _memory_snapshots(
+            snapshot_every_n_steps, snapshot_max_overhead, mean_time_between_interruptions_hours, self._lineage
+        )
         self._trainer: pl.Trainer | None = None
         self._store: CheckpointStore | None = None
         self._saver: Saver | None = None
@@ -230,12 +247,20 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if self._timer is not None:
             StepVote.of(trainer).join(self, lambda trainer, outputs: self._timer is not None and self._timer.due())
         self._lineage.begin(self.store)
+        if self._snapshots is not None:
+            self._snapshots.setup(trainer, str(self.dirpath))
         add_companions(trainer, self.data_state, self.strict_resume, self.wandb_resume)
         if self.auto_resume:
-            restore_from_when_unset(trainer, lambda: self._lineage.choose_resume(trainer))
+            restore_from_when_unset(trainer, lambda: self._lineage.choose_resume(trainer, self._from_memory(trainer)))
+
+    def _from_memory(self, trainer: pl.Trainer) -> Callable[[tuple[int, int] | None], MemoryResume | None] | None:
+        snapshots = self._snapshots
+        return None if snapshots is None else lambda durable: snapshots.choose(trainer, durable)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._snapshots is not None:
+            self._snapshots.close(trainer)
         if self._saver is not None:
             self._saver.close()
             self._saver = None
@@ -248,6 +273,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
         self._saving.finish()
         self._lineage.record_progress(trainer, force=True)
+        if self._snapshots is not None:
+            self._snapshots.finish(trainer)  # training is over: no restart needs them
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -255,6 +282,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if self._saver is not None:
             self._saver.finish()  # the save in flight holds a valid earlier state: let it land
         self._lineage.record_progress(trainer, force=True)
+        if self._snapshots is not None:
+            self._snapshots.close(trainer)  # they stay in memory for the restart
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -272,6 +301,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        if self._snapshots is not None:
+            self._snapshots.on_train_batch_end(trainer, outputs, batch_idx)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._lineage.record_progress(trainer, force=self._last_global_step_saved == trainer.global_step)
         timer = self._timer
@@ -292,6 +323,11 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     def save_in_flight(self) -> bool:
         """Whether a background save of this rank (``async_save``) is still being written."""
         return self._saver is not None and self._saver.busy
+
+    def discard_snapshots(self) -> None:
+        """Forget this node's memory snapshots (the state being trained was replaced, e.g. by a rollback)."""
+        if self._snapshots is not None:
+            self._snapshots.discard()
 
     def newest_valid_checkpoint(self) -> str | None:
         """Path of the newest valid checkpoint in ``dirpath`` (``None``: none); call on every rank (rank 0 looks)."""
@@ -397,6 +433,26 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         check_state_version(state_dict, "ResumableCheckpoint")
         super().load_state_dict(state_dict)
         self._lineage.load_state_dict(state_dict)
+
+
+def _memory_snapshots(
+    every_n_steps: int | Literal["auto"] | None, max_overhead: float, mtbi_hours: float | None, lineage: RunLineage
+) -> MemorySnapshots | None:
+    if every_n_steps is None:
+        return None
+    if every_n_steps != "auto" and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+        raise ConfigurationError(
+            f"snapshot_every_n_steps={every_n_steps!r} must be an integer >= 1, 'auto', or None for no memory "
+            "snapshots (--checkpoint.snapshot_every_n_steps)."
+        )
+    if not 0 < max_overhead < 1:
+        raise ConfigurationError(
+            f"snapshot_max_overhead={max_overhead} must be between 0 and 1, the share of step time that memory "
+            "snapshots may take (--checkpoint.snapshot_max_overhead 0.01)."
+        )
+    mtbf = None if mtbi_hours is None else mtbi_hours * 3600.0
+    cadence = SnapshotCadence(None if every_n_steps == "auto" else every_n_steps, max_overhead, mtbf)
+    return MemorySnapshots(cadence, lineage)
 
 
 def _name_in_dir(filepath: str) -> str:

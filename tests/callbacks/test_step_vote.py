@@ -86,9 +86,9 @@ def test_the_voting_callbacks_of_a_fit_share_the_trainers_vote_and_leave_it_afte
         CostTracker(price_per_hour=1.0, rightsizing=False),
         BudgetedEarlyStopping(max_cost_usd=1e9),
         DivergenceRollback(),
-        ResumableCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_minutes=60.0),
+        ResumableCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_minutes=60.0),  # two voters: timer, snapshots
         Count(),
     ]
     trainer = fitting.fit(callbacks, tiny_trainer_kwargs, max_steps=3)
-    assert joined == [4, 4, 4]
+    assert joined == [5, 5, 5]
     assert StepVote.of(trainer).voters == 0

@@ -1,0 +1,68 @@
+"""How many training steps apart memory snapshots are, from what a snapshot and a step cost here.
+
+A snapshot blocks training for ``C`` seconds (the copy into memory), a step takes ``S``. Snapshotting every ``k``
+steps costs ``C / (k S)`` of the step time and loses ``k S / 2`` on average per failure. ``k`` is the smallest number
+of steps that keeps the cost within ``max_overhead``; given a mean time between failures ``M``, it is at least the
+Young/Daly interval ``sqrt(2 C M)`` in steps, which wastes the least time overall. A small state (``C`` well under
+``max_overhead · S``) is snapshot every step.
+"""
+
+from __future__ import annotations
+
+import math
+
+from lightning_scale.checkpoint.cadence import young_daly_interval_seconds
+
+__all__ = ["SnapshotCadence"]
+
+_SMOOTHING = 0.2  # weight of the newest step time in the running mean
+
+
+class SnapshotCadence:
+    """Steps between two snapshots: ``every_n_steps``, or chosen from the measured costs (``None``).
+
+    Args:
+        every_n_steps: A fixed number of steps, or ``None`` to choose it from the measured costs.
+        max_overhead: The largest share of step time that snapshots may take (``None`` and ``every_n_steps``).
+        mtbf_seconds: Mean time between failures, for the Young/Daly interval (``None``: not known).
+
+    Example:
+        >>> cadence = SnapshotCadence(None, max_overhead=0.02)
+        >>> cadence.steps()  # nothing measured yet: every step
+        1
+        >>> cadence.record_step(0.25); cadence.record_snapshot(0.015); cadence.steps()
+        3
+    """
+
+    def __init__(self, every_n_steps: int | None, max_overhead: float, mtbf_seconds: float | None = None) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps={every_n_steps} must be >= 1.")
+        if not 0 < max_overhead < 1:
+            raise ValueError(f"max_overhead={max_overhead} must be between 0 and 1 (a share of the step time).")
+        if mtbf_seconds is not None and mtbf_seconds <= 0:
+            raise ValueError(f"mtbf_seconds={mtbf_seconds} must be > 0.")
+        self.every_n_steps = every_n_steps
+        self.max_overhead = max_overhead
+        self.mtbf_seconds = mtbf_seconds
+        self.step_seconds: float | None = None
+        self.snapshot_seconds: float | None = None
+
+    def record_step(self, seconds: float) -> None:
+        """One training step took ``seconds`` (without a snapshot)."""
+        previous = self.step_seconds
+        self.step_seconds = seconds if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * seconds
+
+    def record_snapshot(self, seconds: float) -> None:
+        """One snapshot blocked training for ``seconds``."""
+        self.snapshot_seconds = seconds
+
+    def steps(self) -> int:
+        """Steps from one snapshot to the next."""
+        if self.every_n_steps is not None:
+            return self.every_n_steps
+        if not self.step_seconds or self.snapshot_seconds is None:
+            return 1
+        interval = self.snapshot_seconds / self.max_overhead
+        if self.mtbf_seconds is not None:
+            interval = max(interval, young_daly_interval_seconds(self.snapshot_seconds, self.mtbf_seconds))
+        return max(1, math.ceil(interval / self.step_seconds))
