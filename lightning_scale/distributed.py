@@ -31,6 +31,7 @@ __all__ = [
     "any_rank_each",
     "barrier",
     "broadcast_object",
+    "coordination_store",
     "destroy_group",
     "destroy_process_group",
     "device_mesh",
@@ -174,6 +175,13 @@ def start_receive(tensor: torch.Tensor, src: int, group: Any = None, tag: int = 
     if not (_group_ready() and dist.get_world_size(group) > 1):
         return []
     return [dist.irecv(tensor, src=src, group=group, tag=tag)]
+
+
+def coordination_store(host: str, port: int, serve: bool, timeout_s: float, prefix: str = "") -> Any:
+    """A TCP key-value store for processes that hold no process group (each rank's warm-restart parent): the server
+    on this process when ``serve``, a client otherwise; its keys under ``prefix``. No collective runs on it."""
+    store = dist.TCPStore(host, port, is_master=serve, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(prefix, store) if prefix else store
 
 
 def send_blobs(blobs: Sequence[torch.Tensor], dst: int, group: Any = None) -> None:

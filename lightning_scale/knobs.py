@@ -18,6 +18,10 @@ __all__ = [
     "STORAGE_MIN_UPLOAD_BYTES_PER_S",
     "UPLOAD_CONCURRENCY",
     "UPLOAD_PART_BYTES",
+    "WARM_PEER_TIMEOUT_S",
+    "WARM_POLL_S",
+    "WARM_READY_TIMEOUT_S",
+    "WARM_RESTARTS",
     "WORKER_START_TIMEOUT_S",
 ]
 
@@ -81,3 +85,16 @@ stuck and exits (``DataStateCheckpoint(worker_start_timeout_s=...)``)."""
 
 SNAPSHOT_DIR = _str("SNAPSHOT_DIR", "/dev/shm")
 """Node-local shared memory where ``ResumableCheckpoint`` keeps its memory snapshots (a tmpfs; each node its own)."""
+
+WARM_RESTARTS = _int("WARM_RESTARTS", 3)
+"""Under torchrun, how many times the ``lightning-scale`` command restarts a failed training from each rank's warm
+parent before it leaves the failure to torchrun (0: every failure goes to torchrun, as without warm restarts)."""
+
+WARM_POLL_S = _float("WARM_POLL_S", 0.05)
+"""How often a warm-restart parent looks at its training process and at its peers' news."""
+
+WARM_PEER_TIMEOUT_S = _float("WARM_PEER_TIMEOUT_S", 3.0)
+"""A warm-restart parent whose heartbeat stood still this long is gone (its node was lost)."""
+
+WARM_READY_TIMEOUT_S = _float("WARM_READY_TIMEOUT_S", 30.0)
+"""The longest that warm-restart parents wait for each other before a restart (then torchrun restarts the job)."""

@@ -74,13 +74,14 @@ def test_packages_export_an_explicit_all(package):
     assert module.__all__ and all(hasattr(module, name) for name in module.__all__)
 
 
-INTERNALS = {"_lightning_internals.py", "_torch_internals.py"}
+INTERNALS = {"_lightning_internals.py", "_torch_internals.py", "_python_internals.py"}
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_private_members_of_other_objects_are_reached_only_through_the_internals_modules(path):
     """``obj._name`` on anything but ``self``/``cls`` (or ``super()`` for a registered member), and private names
-    imported from torch or Lightning, only in ``_lightning_internals.py`` and ``_torch_internals.py``."""
+    imported from torch or Lightning, only in ``_lightning_internals.py``, ``_torch_internals.py`` and
+    ``_python_internals.py``."""
     if path.name in INTERNALS:
         return
     from lightning_scale._lightning_internals import INHERITED_PRIVATE

@@ -81,6 +81,8 @@ class JobConfig:
             waits to be killed; ``None``: no interruption.
         sys_path: Import path of the job's processes (default: this process's).
         max_restarts: torchrun's ``--max-restarts``.
+        warm_restarts: Run each rank's training as warm-restarted children of the process torchrun started (at most
+            this many warm restarts; 0: none, every failure goes to torchrun).
         launch_env: Extra environment variables of the job.
         faults: Faults to inject (:class:`~lightning_scale.testing.FaultInjector`).
         spot_preemption: Add ``SpotPreemption`` with these notice sources.
@@ -112,6 +114,7 @@ class JobConfig:
     interrupt_at: int | None = None
     sys_path: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(p for p in sys.path if p))
     max_restarts: int = 0
+    warm_restarts: int = 0
     launch_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     faults: tuple[Fault, ...] = ()
     spot_preemption: CloudNotices | None = None

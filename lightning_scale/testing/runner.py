@@ -48,6 +48,7 @@ from lightning_scale.preemption import (
     NoticeSource,
     SignalNotice,
 )
+from lightning_scale.restart import supervise, warm_restarts_apply
 from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy
 from lightning_scale.testing.faults import FaultInjector
 from lightning_scale.testing.job import CHECKPOINTS, MARKER, CloudNotices, JobConfig, read_job
@@ -281,6 +282,13 @@ def main(config_path: str | Path) -> None:
         trainer.logger.experiment.finish()  # Lightning never finishes the run; the run file is complete only then
 
 
-if __name__ == "__main__":
-    main(sys.argv[1])
+def _attempt(config_path: str) -> None:
+    main(config_path)
     distributed.destroy_process_group(process_ends=True)  # with the trainer out of scope
+
+
+if __name__ == "__main__":
+    warm = read_job(sys.argv[1]).warm_restarts
+    if warm_restarts_apply(warm):
+        sys.exit(supervise(lambda: _attempt(sys.argv[1]), warm))
+    _attempt(sys.argv[1])

@@ -1,0 +1,88 @@
+"""What the warm-restart parents of a job tell each other, as keys of a store they share (no process group).
+
+Per attempt ``k`` of the training processes: the port of that attempt's process-group store (chosen by rank 0's
+parent), a counter of parents whose training process failed with each one's reason, and a counter of parents ready
+to start attempt ``k + 1``. Per parent, a heartbeat counter that it raises while it lives: a parent whose heartbeat
+stands still is gone (its node was lost) and no attempt can start without it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["AttemptBoard"]
+
+
+class AttemptBoard:
+    """The shared keys of one job's parents.
+
+    Args:
+        store: A ``torch.distributed.Store`` (``add``, ``set``, ``get``, ``check``), its keys for this job only.
+        rank: This parent's rank.
+        world_size: Parents of the job.
+        clock: Monotonic seconds.
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> board = AttemptBoard(dist.HashStore(), rank=1, world_size=2)
+        >>> board.failed(0)
+        False
+        >>> board.fail(0, "rank 1's training process was killed by SIGKILL")
+        >>> board.failed(0), board.reasons(0)
+        (True, ["rank 1's training process was killed by SIGKILL"])
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.clock = clock
+        self._seen: dict[int, tuple[int, float]] = {}  # peer -> (its heartbeat count, when it last moved)
+
+    def publish_port(self, attempt: int, port: int) -> None:
+        self.store.set(f"attempt/{attempt}/port", str(port))
+
+    def port(self, attempt: int) -> int:
+        """The port rank 0's parent chose for ``attempt`` (waits for it, up to the store's timeout)."""
+        return int(self.store.get(f"attempt/{attempt}/port"))
+
+    def fail(self, attempt: int, reason: str) -> None:
+        """Say that this parent's training process of ``attempt`` failed, and why."""
+        self.store.set(f"attempt/{attempt}/why/{self.rank}", reason)
+        self.store.add(f"attempt/{attempt}/failed", 1)
+
+    def failed(self, attempt: int) -> bool:
+        """Whether some parent said its training process of ``attempt`` failed."""
+        return bool(self.store.check([f"attempt/{attempt}/failed"]))
+
+    def reasons(self, attempt: int) -> list[str]:
+        """Every reason given for ``attempt``'s failure, in rank order."""
+        keys = [f"attempt/{attempt}/why/{rank}" for rank in range(self.world_size)]
+        return [self.store.get(key).decode() for key in keys if self.store.check([key])]
+
+    def arrive(self, attempt: int) -> None:
+        """This parent is ready to start ``attempt``."""
+        self.store.add(f"attempt/{attempt}/ready", 1)
+
+    def everyone_arrived(self, attempt: int) -> bool:
+        return int(self.store.add(f"attempt/{attempt}/ready", 0)) >= self.world_size
+
+    def beat(self) -> None:
+        """This parent lives."""
+        self.store.add(f"alive/{self.rank}", 1)
+
+    def silent_peers(self, timeout_s: float) -> list[int]:
+        """Peers whose heartbeat has not moved for ``timeout_s`` (from when this parent first looked)."""
+        now, silent = self.clock(), []
+        for peer in range(self.world_size):
+            if peer == self.rank:
+                continue
+            count = int(self.store.add(f"alive/{peer}", 0))
+            seen = self._seen.get(peer)
+            if seen is None or seen[0] != count:
+                self._seen[peer] = (count, now)
+            elif now - seen[1] > timeout_s:
+                silent.append(peer)
+        return silent

@@ -1,0 +1,254 @@
+"""Warm restarts: each rank's process stays alive across failures and starts every training attempt from itself.
+
+Under torchrun, the process torchrun starts for a rank (the *parent*) imports everything once, then forks the
+training process of each attempt (the *child*, in a process group of its own, killed if the parent dies). The
+parents of a job share a small store (:class:`~lightning_scale.restart.board.AttemptBoard`):
+
+- a child that exits with a failure (an exception, a signal such as SIGKILL, a hang exit), or that is stopped
+  (SIGSTOP: it cannot run again by itself), makes its parent say so; every parent then kills its own child at once (no
+  rank waits for a collective's timeout), they meet, and each forks the next attempt, which resumes from the memory
+  snapshots. Interpreter start, imports and torchrun's restart are not paid again;
+- each attempt's process group gets a store of its own (on a free port chosen by rank 0's parent), so no key of a
+  failed attempt is read by the next;
+- what is not a failure ends the parent with the child's code, for torchrun and the orchestrator to act on: success
+  (0), a usage error (2), a preemption (143); so does a failure once the warm restarts are spent, or a peer whose
+  parent is gone (its node was lost): torchrun's own restart, SLURM's requeue or Kubernetes take over from there.
+
+Signals the parent receives (torchrun's SIGTERM, SLURM's USR1) are passed on to the child, whose callbacks act on
+them, and end the parent once the child exited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from lightning_scale import distributed, knobs
+from lightning_scale._python_internals import run_exit_functions
+from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
+from lightning_scale.restart.board import AttemptBoard
+
+__all__ = ["FINAL_EXIT_CODES", "PREEMPTED_EXIT_CODE", "Supervisor", "supervise", "warm_restarts_apply"]
+
+PREEMPTED_EXIT_CODE = 143
+"""A training process that saved on a preemption notice exits with this (128 + SIGTERM)."""
+
+FINAL_EXIT_CODES = frozenset({0, USAGE_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE})
+"""Exit codes of a training process that end its parent too: done, a usage error, a preemption."""
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+_PR_SET_PDEATHSIG = 1
+
+
+def warm_restarts_apply(max_restarts: int) -> bool:
+    """Whether a process started by torchrun on Linux should run its training as warm-restarted children."""
+    return max_restarts > 0 and "TORCHELASTIC_RUN_ID" in os.environ and sys.platform == "linux"
+
+
+def supervise(attempt: Callable[[], None], max_restarts: int) -> int:
+    """Run ``attempt`` (the training) in a child process, again after each failure, at most ``max_restarts`` more
+    times; the exit code for torchrun. Call from the process torchrun started, before any thread starts."""
+    return Supervisor(attempt, max_restarts).run()
+
+
+class Supervisor:
+    """One rank's parent process (see the module's description).
+
+    Args:
+        attempt: The training, run in each child.
+        max_restarts: Warm restarts at most before a failure is left to torchrun.
+        poll_s: How often the parent looks at its child and at the board.
+        peer_timeout_s: A peer's heartbeat that stands still this long means its parent is gone.
+        ready_timeout_s: The longest wait for every parent to be ready for the next attempt.
+    """
+
+    def __init__(
+        self,
+        attempt: Callable[[], None],
+        max_restarts: int,
+        poll_s: float = knobs.WARM_POLL_S,
+        peer_timeout_s: float = knobs.WARM_PEER_TIMEOUT_S,
+        ready_timeout_s: float = knobs.WARM_READY_TIMEOUT_S,
+    ) -> None:
+        self.attempt = attempt
+        self.max_restarts = max_restarts
+        self.poll_s, self.peer_timeout_s, self.ready_timeout_s = poll_s, peer_timeout_s, ready_timeout_s
+        self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.host = os.environ["MASTER_ADDR"]
+        self.child: int | None = None  # the child's pid until it is reaped
+        self.group: int | None = None  # its process group, until killed (its DataLoader workers may outlive it)
+        self.received: int | None = None  # a signal that ends this parent once its child exited
+        self._board: AttemptBoard | None = None
+
+    @property
+    def board(self) -> AttemptBoard:
+        """The parents' store: torchrun's agent store when it shares it with the workers, else one on rank 0's
+        parent at ``MASTER_PORT`` (where rank 0's own store would have been)."""
+        if self._board is None:
+            agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            store = distributed.coordination_store(
+                self.host,
+                int(os.environ["MASTER_PORT"]),
+                serve=not agent_store and self.rank == 0,
+                timeout_s=self.ready_timeout_s,
+                prefix=f"lightning_scale/warm/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
+            )
+            self._board = AttemptBoard(store, self.rank, self.world_size)
+        return self._board
+
+    def run(self) -> int:
+        for sig in _FORWARDED:
+            signal.signal(sig, self._forward)
+        code = 1
+        for attempt in range(self.max_restarts + 1):
+            if self.rank == 0:
+                self.board.publish_port(attempt, _free_port(self.host))
+            self.child = self.group = self._fork(attempt, self.board.port(attempt))
+            code, reason = self._watch(attempt)
+            if code in FINAL_EXIT_CODES or self.received is not None:
+                return code
+            if reason is not None:
+                self.board.fail(attempt, reason)
+            self._kill_child()
+            if attempt == self.max_restarts:
+                self._say(f"no warm restart left ({self.max_restarts} used): exiting {code} for torchrun to restart")
+                return code
+            if not self._meet(attempt + 1):
+                return code
+            if self.rank == 0:
+                reasons = "; ".join(self.board.reasons(attempt)) or "a training process failed"
+                self._say(f"{reasons}. Restarting every rank's training from its parent (attempt {attempt + 1}).")
+        return code
+
+    def _watch(self, attempt: int) -> tuple[int, str | None]:
+        """Until the child exits or stops, or a peer's fails: the child's exit code (a signal's as 128 + signal) and
+        this rank's reason to report, ``None`` when the failure was a peer's."""
+        assert self.child is not None
+        beat_at = looked_at = 0.0
+        while True:
+            pid, status = os.waitpid(self.child, os.WNOHANG | os.WUNTRACED)
+            if pid and os.WIFSTOPPED(status):
+                name = signal.Signals(os.WSTOPSIG(status)).name
+                return 128 + os.WSTOPSIG(status), f"rank {self.rank}'s training process was stopped by {name}"
+            if pid:
+                self.child = None
+                return _exit_code(status), f"rank {self.rank}'s training process {_how_it_ended(status)}"
+            now = time.monotonic()
+            if now - beat_at >= self.peer_timeout_s / 4:
+                self.board.beat()
+                beat_at = now
+            if self.board.failed(attempt):
+                return 1, None
+            if now - looked_at >= 1.0:
+                looked_at = now
+                silent = self.board.silent_peers(self.peer_timeout_s)
+                if silent:
+                    return 1, f"the parent of rank(s) {silent} is gone (its node was lost?)"
+            time.sleep(self.poll_s)
+
+    def _meet(self, attempt: int) -> bool:
+        """Wait until every parent is ready for ``attempt``; False when one is gone or the wait times out."""
+        self.board.arrive(attempt)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while not self.board.everyone_arrived(attempt):
+            self.board.beat()
+            silent = self.board.silent_peers(self.peer_timeout_s)
+            if silent or time.monotonic() > deadline or self.received is not None:
+                why = f"the parent of rank(s) {silent} is gone" if silent else "not every parent got ready in time"
+                self._say(f"no warm restart: {why}. Exiting for torchrun to restart the job.")
+                return False
+            time.sleep(self.poll_s)
+        return True
+
+    def _fork(self, attempt: int, port: int) -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            _die_with(parent)
+            for sig in _FORWARDED:
+                signal.signal(sig, signal.SIG_DFL)
+            os.environ["MASTER_PORT"] = str(port)  # a store of this attempt's own, hosted by rank 0's child
+            os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+            os.environ["LIGHTNING_SCALE_WARM_ATTEMPT"] = str(attempt)
+            code = _run(self.attempt)
+        finally:
+            os._exit(code)
+
+    def _kill_child(self) -> None:
+        """Kill the child and everything in its process group (its DataLoader workers), and reap it."""
+        if self.group is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.group, signal.SIGKILL)
+        if self.child is not None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.child, 0)
+        self.child = self.group = None
+
+    def _forward(self, sig: int, frame: Any) -> None:
+        if sig != signal.SIGUSR2:  # a stack dump request, not an end
+            self.received = sig
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child, sig)
+
+    def _say(self, message: str) -> None:
+        print(f"lightning-scale: {message}", file=sys.stderr, flush=True)
+
+
+def _run(attempt: Callable[[], None]) -> int:
+    """Run ``attempt`` in the child; its exit code. The interpreter is not torn down (the parent's objects, such as its
+    store, belong to the parent), but the exit functions run (W&B finishes its run there)."""
+    code: int = 0
+    try:
+        attempt()
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        if isinstance(exit.code, str):
+            print(exit.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    with contextlib.suppress(Exception):
+        run_exit_functions()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux), and exit now if it already did."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _how_it_ended(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -1,0 +1,66 @@
+"""Warm restarts under torchrun: a 2-process job of a user's code meets a killed process, an exception and a frozen
+(SIGSTOPped) process; each time every rank's parent restarts the training from itself, torchrun never restarts
+anything (``--max-restarts 0``), and the job resumes from memory and ends bitwise equal to an uninterrupted run."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from lightning_scale.testing import Fault, JobConfig, read_traces, run_attempt, torchrun_failures, write_job
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+USER_CELL = {"USER_CELL": '{"loader": "torch", "shuffle": "shuffle_true", "workers": 1}'}
+
+
+def _config(**changes) -> JobConfig:
+    config = JobConfig(
+        model_factory="tests.data.user_code:model",
+        datamodule_factory="tests.data.user_code:data",
+        steps=16,
+        checkpoint_every=8,
+        checkpoint_kwargs={"snapshot_every_n_steps": 1},
+        trainer_kwargs={"limit_val_batches": 0},
+        launch_env=USER_CELL,
+    )
+    return dataclasses.replace(config, **changes)
+
+
+def test_each_failure_is_restarted_by_the_ranks_parents_from_memory_without_torchrun(tmp_path, snapshot_root):
+    reference = write_job(tmp_path / "reference", _config())
+    run_attempt(reference, 120, expect="finish")
+
+    faults = (
+        Fault(step=3, rank=1, kind="SIGKILL"),
+        Fault(step=6, rank=0, kind="crash"),
+        Fault(step=9, rank=1, kind="SIGSTOP"),  # frozen: nothing but its parent can tell it will never go on
+    )
+    job = write_job(tmp_path / "warm", _config(faults=faults, warm_restarts=3, max_restarts=0))
+    run_attempt(job, 240, expect="finish")
+    log = (job.parent / "log.txt").read_text(errors="replace")
+
+    assert torchrun_failures(log) == []  # torchrun had nothing to do
+    reasons = re.findall(
+        r"lightning-scale: (.*)\. Restarting every rank's training from its parent \(attempt (\d)\)", log
+    )
+    assert [attempt for _, attempt in reasons] == ["1", "2", "3"], log[-5000:]
+    assert "rank 1's training process was killed by SIGKILL" in reasons[0][0]
+    assert "rank 0's training process exited with code 1" in reasons[1][0]
+    assert "rank 1's training process was stopped by SIGSTOP" in reasons[2][0]
+    resumed = re.findall(r"Auto-resuming from the memory snapshot of step (\d+)", log)
+    assert resumed == ["3", "6", "9"]
+    firsts: dict[float, int] = {}
+    for record in read_traces(job.parent, 2)[0]:
+        firsts.setdefault(record["attempt"], record["step"])
+    assert [firsts[a] for a in sorted(firsts)] == [1, 4, 7, 10]  # no step replayed
+    for rank in (0, 1):
+        final = torch.load(job.parent / f"final_rank{rank}.pt", weights_only=True)
+        expected = torch.load(reference.parent / f"final_rank{rank}.pt", weights_only=True)
+        assert final.keys() == expected.keys() and final
+        for name, tensor in expected.items():
+            assert torch.equal(final[name], tensor), (rank, name)
+    assert list(snapshot_root.iterdir()) == []
