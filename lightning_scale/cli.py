@@ -46,7 +46,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 import lightning_scale  # registers the strategies
-from lightning_scale import distributed
+from lightning_scale import distributed, knobs
 from lightning_scale.callbacks import (
     CostTracker,
     HangWatchdog,
@@ -56,6 +56,8 @@ from lightning_scale.callbacks import (
 )
 from lightning_scale.checkpoint import consolidate_checkpoint
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE, UsageError
+from lightning_scale.restart import supervise, warm_restarts_apply
+from lightning_scale.restart.supervisor import LAUNCHER_PID_VARIABLE
 
 if TYPE_CHECKING:
     from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy, PipelineParallelStrategy
@@ -241,7 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``lightning-scale`` and ``python -m lightning_scale``; once the command finished, it tears down
     the process group, whose gloo threads could otherwise abort the exiting process. Called with ``argv`` (from
     Python), it leaves the garbage collector as it was; as the command, it speeds up the process's exit (see
-    :func:`lightning_scale.distributed.destroy_process_group`)."""
+    :func:`lightning_scale.distributed.destroy_process_group`). As the command under torchrun, each rank's process
+    runs the training as warm-restarted children (:mod:`lightning_scale.restart`; ``LIGHTNING_SCALE_WARM_RESTARTS``)."""
     explicit = argv is not None
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["consolidate"]:
@@ -249,6 +252,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     if os.getcwd() not in sys.path:  # class paths in the current directory, as `python -m` finds them
         sys.path.insert(0, os.getcwd())
+    if not explicit and warm_restarts_apply(knobs.WARM_RESTARTS):
+        raise SystemExit(supervise(lambda: _run(argv, explicit), knobs.WARM_RESTARTS))
+    _run(argv, explicit)
+
+
+def _run(argv: list[str], explicit: bool) -> None:
+    """The command itself: one training attempt."""
     rewritten = strategy_names_as_class_paths(argv)
     earlier = _usage_error_of_an_earlier_attempt()
     if earlier is not None:  # torchrun restarts failed workers whatever their exit code: end this attempt at once
@@ -300,11 +310,13 @@ def _end_a_later_attempt(earlier: str) -> NoReturn:
 
 def _attempt_marker() -> Path | None:
     """Where a torchrun job's attempts leave a usage error for the next one on this node: named by the run id and
-    the torchrun agent's process (the workers' parent), so a new torchrun command never reads an old one."""
+    the torchrun agent's process (the workers' parent, or their warm-restart parent's), so a new torchrun command
+    never reads an old one."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None or os.environ.get("TORCHELASTIC_RESTART_COUNT") is None:
         return None
-    return Path(tempfile.gettempdir()) / f"lightning-scale-usage-error-{run_id}-{os.getppid()}.txt"
+    agent = os.environ.get(LAUNCHER_PID_VARIABLE, str(os.getppid()))
+    return Path(tempfile.gettempdir()) / f"lightning-scale-usage-error-{run_id}-{agent}.txt"
 
 
 def _usage_error_of_an_earlier_attempt() -> str | None:

@@ -36,7 +36,18 @@ from lightning_scale._python_internals import run_exit_functions
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
 from lightning_scale.restart.board import AttemptBoard
 
-__all__ = ["FINAL_EXIT_CODES", "PREEMPTED_EXIT_CODE", "Supervisor", "supervise", "warm_restarts_apply"]
+__all__ = [
+    "FINAL_EXIT_CODES",
+    "LAUNCHER_PID_VARIABLE",
+    "PREEMPTED_EXIT_CODE",
+    "Supervisor",
+    "supervise",
+    "warm_restarts_apply",
+]
+
+LAUNCHER_PID_VARIABLE = "LIGHTNING_SCALE_LAUNCHER_PID"
+"""Set in each child: the process id of whatever started its parent (torchrun's agent), which a child's own parent
+process id no longer is."""
 
 PREEMPTED_EXIT_CODE = 143
 """A training process that saved on a preemption notice exits with this (128 + SIGTERM)."""
@@ -171,7 +182,7 @@ class Supervisor:
     def _fork(self, attempt: int, port: int) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
-        parent = os.getpid()
+        parent, launcher = os.getpid(), os.getppid()
         pid = os.fork()
         if pid:
             return pid
@@ -183,7 +194,7 @@ class Supervisor:
                 signal.signal(sig, signal.SIG_DFL)
             os.environ["MASTER_PORT"] = str(port)  # a store of this attempt's own, hosted by rank 0's child
             os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-            os.environ["LIGHTNING_SCALE_WARM_ATTEMPT"] = str(attempt)
+            os.environ.setdefault(LAUNCHER_PID_VARIABLE, str(launcher))
             code = _run(self.attempt)
         finally:
             os._exit(code)
