@@ -1,6 +1,6 @@
 """The one place where lightning-scale touches private parts of Lightning.
 
-Lightning 2.6 offers no public hook for fourteen things lightning-scale needs; each is wrapped here, and
+Lightning 2.6 offers no public hook for fifteen things lightning-scale needs; each is wrapped here, and
 ``tests/test_lightning_internals.py`` fails loudly when an upgrade moves them:
 
 1. choosing the checkpoint to restore after the process group exists (auto-resume needs a collective decision,
@@ -38,7 +38,11 @@ Lightning 2.6 offers no public hook for fourteen things lightning-scale needs; e
 13. the process-group timeout a strategy was given (``HangWatchdog`` keeps it longer than its own allowance);
 14. an epoch resumed on another number of processes (``DataStateCheckpoint``): its batch count in the checkpoint's loop
     state, which counts batches of the old world size, and a reload of the training loaders after that epoch (the
-    loader of the resumed epoch deals out its rest only; the loop measures the epochs after it anew).
+    loader of the resumed epoch deals out its rest only; the loop measures the epochs after it anew);
+15. the distributed sampler Lightning's DDP would put into a training loader, built for a world of one process
+    (``DataStateCheckpoint``: a job that shrinks to one process, where Lightning picks a single-device strategy
+    and injects none, keeps drawing the global order its epochs had on several), and whether the Trainer may inject
+    one at all (``use_distributed_sampler``, kept by the accelerator connector only).
 """
 
 from __future__ import annotations
@@ -53,10 +57,13 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.fabric.utilities.data import _auto_add_worker_init_fn, sized_len
+from lightning.fabric.utilities.data import _auto_add_worker_init_fn, has_iterable_dataset, sized_len
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.trainer.connectors.data_connector import _get_distributed_sampler
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
 
 from lightning_scale import knobs
 
@@ -66,6 +73,7 @@ __all__ = [
     "before_train_iterator",
     "consumed_batches_in_epoch",
     "consumed_loader_states",
+    "ddp_sampler_on_one_process",
     "drop_lightning_loader_state",
     "dump_checkpoint",
     "is_last_batch_of_epoch",
@@ -189,6 +197,30 @@ def drop_lightning_loader_state(checkpoint: dict[str, Any]) -> None:
         node = node.get(key) if isinstance(node, dict) else None
     if isinstance(node, dict):
         node.pop("combined_loader", None)
+
+
+def ddp_sampler_on_one_process(trainer: pl.Trainer, loader: Any) -> Any:
+    """The sampler Lightning's DDP would put into training loader ``loader`` (a ``DistributedSampler``, or a
+    ``DistributedSamplerWrapper`` around a sampler of the user's own) if the world were DDP's with one process: what
+    it puts there on several, so that the order of an epoch is the same global one. ``None`` where DDP would inject
+    none (``Trainer(use_distributed_sampler=False)``, a loader that is no ``DataLoader``, one that has a distributed
+    sampler already, or one over an ``IterableDataset``)."""
+    if (
+        not isinstance(loader, DataLoader)
+        or isinstance(loader.sampler, DistributedSampler)
+        or has_iterable_dataset(loader)
+        or not trainer._accelerator_connector.use_distributed_sampler
+    ):
+        return None
+    # Lightning shuffles every training loader's distributed sampler (not with overfit_batches), shuffle=False too
+    return _get_distributed_sampler(
+        loader,
+        shuffle=True,
+        overfit_batches=trainer.overfit_batches,  # type: ignore[attr-defined]  # set in the Trainer's constructor
+        mode=RunningStage.TRAINING,
+        num_replicas=1,
+        rank=0,
+    )
 
 
 def sampler_in_lightning_wrapper(sampler: Any) -> Any:

@@ -184,6 +184,35 @@ def test_sampler_in_lightning_wrapper_finds_the_users_sampler():
     assert internals.sampler_in_lightning_wrapper(inner) is None
 
 
+def test_ddp_sampler_on_one_process_is_the_one_ddp_injects_into_a_training_loader(tiny_trainer_kwargs, monkeypatch):
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from lightning.pytorch.trainer.connectors import data_connector
+    from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    # a training loader's distributed sampler shuffles, whatever the loader was given (Lightning's _process_dataloader)
+    assert "is_shuffled = True" in inspect.getsource(data_connector._process_dataloader)
+    trainer, data = Trainer(**tiny_trainer_kwargs), list(range(8))
+    for shuffle in (True, False):
+        sampler = internals.ddp_sampler_on_one_process(trainer, DataLoader(data, batch_size=2, shuffle=shuffle))
+        assert type(sampler) is DistributedSampler and sampler.dataset is data
+        assert (sampler.num_replicas, sampler.rank, sampler.shuffle, sampler.seed) == (1, 0, True, 7)
+    own = WeightedRandomSampler([1.0] * 8, num_samples=8)
+    wrapper = internals.ddp_sampler_on_one_process(trainer, DataLoader(data, sampler=own))
+    assert isinstance(wrapper, DistributedSamplerWrapper) and internals.sampler_in_lightning_wrapper(wrapper) is own
+    assert (wrapper.num_replicas, wrapper.seed) == (1, 7)
+    overfit = Trainer(**{**tiny_trainer_kwargs, "overfit_batches": 2})
+    assert not internals.ddp_sampler_on_one_process(overfit, DataLoader(data, shuffle=True)).shuffle
+    # where DDP injects none
+    given = DataLoader(data, sampler=DistributedSampler(data, num_replicas=1, rank=0))
+    stream = DataLoader(type("Stream", (IterableDataset,), {"__iter__": lambda self: iter(data)})())
+    for loader in (given, stream, [1, 2]):
+        assert internals.ddp_sampler_on_one_process(trainer, loader) is None
+    opted_out = Trainer(**{**tiny_trainer_kwargs, "use_distributed_sampler": False})
+    assert internals.ddp_sampler_on_one_process(opted_out, DataLoader(data, shuffle=True)) is None
+
+
 def test_process_dataloaders_with_chains_in_order_and_each_undo_removes_only_its_own(tiny_trainer_kwargs):
     trainer = Trainer(**tiny_trainer_kwargs)
     undo_late = internals.process_dataloaders_with(trainer, lambda loader: [*loader, "late"], order=1)

@@ -12,8 +12,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 from typing_extensions import override
@@ -23,6 +24,7 @@ from lightning_scale._lightning_internals import (
     before_train_iterator,
     consumed_batches_in_epoch,
     consumed_loader_states,
+    ddp_sampler_on_one_process,
     drop_lightning_loader_state,
     is_last_batch_of_epoch,
     process_dataloaders_with,
@@ -40,6 +42,7 @@ from lightning_scale.data.elastic import (
     RestOfEpochSampler,
     epoch_position,
     global_order,
+    order_differences,
     rest_of_epoch,
 )
 from lightning_scale.data.resumable_loader import make_resumable, run_seed
@@ -76,10 +79,14 @@ class DataStateCheckpoint(Callback):
     (:mod:`lightning_scale.data.elastic`), and the epochs after it are those of a run on the new world size. That
     needs one training ``DataLoader`` with a batch size, drawn through Lightning's distributed sampler (as it is
     under DDP), made resumable here, and no ``limit_train_batches``; otherwise the resume is refused before the first
-    step, naming why. The RNG states of the old ranks are not restored on another world size. With
-    ``keep_global_batch=True`` the samples per optimizer step stay those of the run that wrote the checkpoint:
-    ``Trainer.accumulate_grad_batches`` is set so (4 processes x 8 samples -> 2 processes x 8 samples x 2 batches
-    per step), and a world size that cannot keep it is refused.
+    step, naming why (a loader whose order differs from the checkpoint's: what differs, with both values, and the
+    fix). The RNG states of the old ranks are not restored on another world size. With ``keep_global_batch=True``
+    the samples per optimizer step stay those of the run that wrote the checkpoint: ``Trainer.accumulate_grad_batches``
+    is set so (4 processes x 8 samples -> 2 processes x 8 samples x 2 batches per step), and a world size that cannot
+    keep it is refused. On one process without a parallel strategy (what Lightning picks for ``strategy="auto"``),
+    where Lightning puts no distributed sampler into the loader, the training loader draws through the one DDP would
+    give it on one process when the fit runs under torchrun or resumes a checkpoint drawn through one: an elastic job
+    that shrinks to one process keeps the global order of its epochs, and can grow again in the middle of one.
 
     The training loaders are made resumable as users write them (``make_loaders_resumable``, see
     :func:`~lightning_scale.data.resumable_loader.make_resumable`): torch's ``DataLoader`` becomes a
@@ -135,6 +142,9 @@ class DataStateCheckpoint(Callback):
         self._loaded_checkpoint: dict[str, Any] | None = None  # between on_load_checkpoint and load_state_dict
         self._rest_start: EpochPosition | None = None  # an epoch to finish on this world size, until its loader exists
         self._rest: RestOfEpoch | None = None  # this rank's share of that epoch, while it runs
+        # whether the checkpoint being resumed drew its training data through a distributed sampler (None: no
+        # checkpoint, or one that does not say): a process without one then draws as DDP would
+        self._saved_distributed: bool | None = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -142,6 +152,7 @@ class DataStateCheckpoint(Callback):
             self._trainer = trainer
             self._problems = []
             self._drawn_seed = None  # a resume's checkpoint brings its own back before the loaders are built
+            self._saved_distributed = None
             before_train_iterator(trainer, self._before_train_iterator)
             self._undo_loaders = process_dataloaders_with(trainer, self._process_loader)
 
@@ -188,6 +199,8 @@ class DataStateCheckpoint(Callback):
         check_state_version(state_dict, "DataStateCheckpoint", missing=None)
         saved_world, world = state_dict["world_size"], distributed.world_size()
         ranks = state_dict.get("ranks") or [state_dict[f"rank_{r}"] for r in range(saved_world)]  # or the old layout
+        positions = ranks[0].get("positions")
+        self._saved_distributed = None if not positions else any(p is not None for p in positions)
         if saved_world == world:
             self._pending = dict(ranks[distributed.rank()])
             self._drawn_seed = self._pending.get("drawn_seed")
@@ -341,6 +354,7 @@ class DataStateCheckpoint(Callback):
             return loader  # only training loaders have a position to resume
         name = f"training dataloader #{len(self._problems)} ({type(loader).__name__})"
         start, self._rest_start = self._rest_start, None
+        as_ddp = self._draws_as_ddp(trainer)
         result = make_resumable(
             loader,
             seed=self._seed(loader),
@@ -349,6 +363,7 @@ class DataStateCheckpoint(Callback):
             name=name,
             inner_sampler=sampler_in_lightning_wrapper,
             wrap_sampler=None if start is None else functools.partial(self._rest_of_epoch, trainer, start, name),
+            replace_sampler=None if as_ddp is None else functools.partial(self._ddp_sampler, trainer, name, as_ddp),
         )
         if start is not None and (self._rest is None or result.loader.batch_size != start.batch_size):
             raise ConfigurationError(
@@ -361,16 +376,13 @@ class DataStateCheckpoint(Callback):
 
     def _rest_of_epoch(self, trainer: pl.Trainer, start: EpochPosition, name: str, sampler: Any) -> Sampler[int]:
         """``sampler`` (the new world's distributed sampler) dealing out the rest of ``start``'s epoch first."""
-        same_order = isinstance(sampler, DistributedSampler) and (sampler.shuffle, sampler.seed) == (
-            start.shuffle,
-            start.seed,
-        )
-        if not same_order:
+        differences = order_differences(sampler, start)
+        if differences:
             raise ConfigurationError(
-                f"Epoch {start.epoch} resumes on {trainer.world_size} processes, but {name} draws through "
-                f"{type(sampler).__name__}, not a distributed sampler with shuffle={start.shuffle} and "
-                f"seed={start.seed} like the run that wrote the checkpoint: its order cannot be continued. Resume "
-                "with the same seed and sampler, or on the old world size."
+                f"Epoch {start.epoch} resumes on {trainer.world_size} processes, but {name} cannot continue the "
+                f"order the run that wrote the checkpoint drew it in: {'; '.join(differences.values())}. "
+                + " ".join(_ORDER_FIXES[kind].format(start=start) for kind in differences)
+                + " Or resume on the number of processes that wrote the checkpoint."
             )
         order = global_order(sampler, start.epoch)
         if len(order) < start.end:
@@ -386,6 +398,29 @@ class DataStateCheckpoint(Callback):
             )
         reload_train_loaders_after(trainer, start.epoch)
         return RestOfEpochSampler(sampler, self._rest)
+
+    def _draws_as_ddp(self, trainer: pl.Trainer) -> str | None:
+        """Why this fit's single process draws its training data through the sampler DDP would give it (``None``: it
+        does not; a parallel strategy injects its own, and a plain run keeps the loader's).
+
+        Lightning injects a distributed sampler under DDP only, and picks a single-device strategy for one process:
+        the order of an epoch would change with the world size, and an elastic job that shrinks to one process (or
+        starts on one) could neither finish an epoch begun on more nor hand its own to more."""
+        if trainer.distributed_sampler_kwargs is not None:
+            return None
+        if self._saved_distributed is not None:
+            return "as the checkpoint it resumes drew it" if self._saved_distributed else None
+        return "as the world of this torchrun job may grow" if TorchElasticEnvironment.detect() else None
+
+    def _ddp_sampler(self, trainer: pl.Trainer, name: str, why: str, loader: Any) -> Any:
+        sampler = ddp_sampler_on_one_process(trainer, loader)
+        if sampler is not None:
+            rank_zero_info(
+                f"DataStateCheckpoint: {name} draws through the {type(sampler).__name__} Lightning's DDP would give it "
+                f"on one process (shuffle={sampler.shuffle}, seed={sampler.seed}), {why}: its epochs keep the global "
+                "order they have on more processes."
+            )
+        return sampler
 
     def _seed(self, loader: Any) -> int:
         """The user's seed for ``loader``; without one, a seed drawn once per run (by rank 0, for every rank) and kept
@@ -435,6 +470,24 @@ class DataStateCheckpoint(Callback):
         if self._watchdog is None:
             self._watchdog = WorkerStartWatchdog(self.worker_start_timeout_s)
         self._watchdog.arm(f"rank {trainer.global_rank}, training dataloader(s) of epoch {trainer.current_epoch}")
+
+
+_ORDER_FIXES = {
+    "sampler": (
+        "Give it a DistributedSampler, or leave Trainer(use_distributed_sampler=True) (the default) so that one is "
+        "put into its DataLoader: by Lightning under DDP, by DataStateCheckpoint on one process without a parallel "
+        "strategy."
+    ),
+    "shuffle": (
+        "Build it with shuffle={start.shuffle} (Lightning's own shuffles every training loader unless overfit_batches "
+        "is set)."
+    ),
+    "seed": (
+        "Seed it with {start.seed}: Lightning's DistributedSampler takes seed_everything's seed (0 without one), so "
+        "call seed_everything({start.seed}) (lightning-scale fit --seed_everything {start.seed})."
+    ),
+}
+"""Per difference between a loader's order and the checkpoint's (:func:`order_differences`), how to remove it."""
 
 
 def _is_stateful(loader: Any) -> bool:

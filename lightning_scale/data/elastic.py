@@ -21,7 +21,15 @@ from typing import Any
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-__all__ = ["EpochPosition", "RestOfEpoch", "RestOfEpochSampler", "epoch_position", "global_order", "rest_of_epoch"]
+__all__ = [
+    "EpochPosition",
+    "RestOfEpoch",
+    "RestOfEpochSampler",
+    "epoch_position",
+    "global_order",
+    "order_differences",
+    "rest_of_epoch",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +100,28 @@ def epoch_position(
         shuffle=sampler.shuffle,
         seed=sampler.seed,
     )
+
+
+def order_differences(sampler: Any, start: EpochPosition) -> dict[str, str]:
+    """What keeps ``sampler`` from drawing the global order of ``start``'s epoch: ``"sampler"`` (not a distributed
+    sampler), ``"shuffle"`` or ``"seed"``, each with the values seen on both sides (empty: it draws that order, given
+    the same dataset).
+
+    Example:
+        >>> start = EpochPosition(epoch=0, consumed=8, end=18, batch_size=2, drop_last=False, samples_per_step=4,
+        ...                       shuffle=True, seed=0)
+        >>> order_differences(DistributedSampler(range(18), num_replicas=1, rank=0, seed=7), start)
+        {'seed': 'seed=7 here, seed=0 in the run that wrote the checkpoint'}
+    """
+    theirs = "in the run that wrote the checkpoint"
+    if not isinstance(sampler, DistributedSampler):
+        return {"sampler": f"it draws through {type(sampler).__name__} here, through a DistributedSampler {theirs}"}
+    found = {}
+    if sampler.shuffle != start.shuffle:
+        found["shuffle"] = f"shuffle={sampler.shuffle} here, shuffle={start.shuffle} {theirs}"
+    if sampler.seed != start.seed:
+        found["seed"] = f"seed={sampler.seed} here, seed={start.seed} {theirs}"
+    return found
 
 
 def global_order(sampler: DistributedSampler, epoch: int) -> list[int]:

@@ -109,6 +109,7 @@ def make_resumable(
     name: str = "training dataloader",
     inner_sampler: Callable[[Any], Any] = lambda sampler: None,
     wrap_sampler: Callable[[Any], Any] | None = None,
+    replace_sampler: Callable[[Any], Any] | None = None,
 ) -> ResumableLoader:
     """Make ``loader`` resume exactly mid-epoch, or say what keeps it from doing so.
 
@@ -134,6 +135,9 @@ def make_resumable(
             ``DistributedSamplerWrapper``), ``None`` for any other.
         wrap_sampler: Called with the (seeded) sampler of a rebuilt loader that has a batch size; the loader draws
             from what it returns instead (an elastic resume's rest of an epoch). Not called for other loaders.
+        replace_sampler: Called with ``loader`` when it is rebuilt over a sampler (not a batch sampler of its own);
+            a sampler it returns takes the place of the loader's before seeding (the distributed sampler DDP would
+            inject, on a process that has none), ``None`` keeps the loader's.
     """
     problems = _problems(loader, name, inner_sampler)
     if type(loader) not in _REBUILT_TYPES:
@@ -160,9 +164,10 @@ def make_resumable(
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
     elif batch_sampler is None:  # batch_size=None: no automatic batching
-        kwargs.update(sampler=_seeded(loader.sampler, seed, inner_sampler), batch_size=None)
+        own = _replaced(loader.sampler, loader, replace_sampler)
+        kwargs.update(sampler=_seeded(own, seed, inner_sampler), batch_size=None)
     elif loader.batch_size is not None or type(batch_sampler) in _PLAIN_BATCH_SAMPLERS:
-        sampler = _seeded(batch_sampler.sampler, seed, inner_sampler)
+        sampler = _seeded(_replaced(batch_sampler.sampler, loader, replace_sampler), seed, inner_sampler)
         kwargs.update(
             sampler=sampler if wrap_sampler is None else wrap_sampler(sampler),
             batch_size=batch_sampler.batch_size,
@@ -173,6 +178,12 @@ def make_resumable(
     rebuilt = StatefulDataLoader(dataset, **kwargs)
     log.debug("%s rebuilt as a StatefulDataLoader (sampler %s)", name, type(rebuilt.sampler).__name__)
     return ResumableLoader(rebuilt, problems)
+
+
+def _replaced(sampler: Any, loader: Any, replace_sampler: Callable[[Any], Any] | None) -> Any:
+    """``sampler`` (the one ``loader`` draws indices from), or what ``replace_sampler`` puts in its place."""
+    replacement = None if replace_sampler is None else replace_sampler(loader)
+    return sampler if replacement is None else replacement
 
 
 def _worker_seed_generator(seed: int, rank: int) -> torch.Generator:

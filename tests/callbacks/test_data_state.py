@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -298,3 +298,114 @@ def test_an_unseeded_single_process_run_resumes_its_own_order_and_dropout(tmp_pa
         assert torch.equal(tensor, resumed_model.state_dict()[name]), name
     another, _ = fit(4, run="another")
     assert [another.ids[step] for step in range(1, 5)] != [first.ids[step] for step in range(1, 5)]  # not seed 0
+
+
+# One process without a parallel strategy (what Lightning picks when an elastic job shrinks to one process): it must
+# draw the global order a DDP run draws, so that it finishes an epoch begun on more processes and hands its own on.
+POINTS, BATCH = 32, 4  # 8 batches per epoch on one process, 4 on two
+
+
+class Points(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.x = torch.randn(POINTS, 4, generator=torch.Generator().manual_seed(3))
+
+    def __len__(self) -> int:
+        return POINTS
+
+    def __getitem__(self, index: int) -> dict:
+        return {"x": self.x[index], "sample_id": index}
+
+
+class Mean(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch["x"]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class SamplesPerStep(Callback):
+    def __init__(self) -> None:
+        self.ids: dict[int, list[int]] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        step = trainer.global_step + 1
+        self.ids[step] = sorted(self.ids.get(step, []) + batch["sample_id"].tolist())
+
+
+def ddp_order(epoch: int, seed: int = 0) -> list[int]:
+    """The global order of ``epoch`` under Lightning's DDP (its DistributedSampler), whatever the world size."""
+    return torch.randperm(POINTS, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
+def per_step(order: list[int], samples: int) -> list[list[int]]:
+    return [sorted(order[i : i + samples]) for i in range(0, len(order), samples)]
+
+
+def fit_points(tmp_path, trainer_kwargs, max_steps, ckpt_path=None, data_state=None, **overrides) -> SamplesPerStep:
+    recorder, data_state = SamplesPerStep(), data_state or DataStateCheckpoint()
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "one", every_n_train_steps=3, save_top_k=-1)
+    callbacks = [recorder, data_state, checkpoint]
+    trainer = Trainer(max_steps=max_steps, callbacks=callbacks, **{**trainer_kwargs, **overrides})
+    loader = DataLoader(Points(), batch_size=BATCH, shuffle=True)
+    trainer.fit(Mean(), train_dataloaders=loader, ckpt_path=ckpt_path)
+    return recorder
+
+
+def written_by_two_processes(tmp_path, trainer_kwargs, seed: int = 0) -> str:
+    """A checkpoint of step 3 in epoch 0 as 2 DDP processes write it (3 batches of 4 each: the first 24 samples of
+    the epoch's global order taken): a 1-process fit's, with both ranks' data state as DDP records it."""
+    fit_points(tmp_path / "first", trainer_kwargs, max_steps=3)
+    path = tmp_path / "two.ckpt"
+    checkpoint = torch.load(tmp_path / "first" / "one" / "epoch=0-step=3.ckpt", weights_only=False)
+    at = EpochPosition(epoch=0, consumed=24, end=POINTS, batch_size=BATCH, drop_last=False, samples_per_step=8,
+                       shuffle=True, seed=seed)  # fmt: skip
+    rank = {**rank_state(False), "epoch": 0, "batches_consumed": 3, "positions": [at.to_dict()]}
+    checkpoint["callbacks"]["DataStateCheckpoint"] = {"version": 1, "world_size": 2, "ranks": [rank, rank]}
+    torch.save(checkpoint, path)
+    return str(path)
+
+
+def test_one_process_finishes_the_epoch_of_two_and_then_draws_their_global_batches(
+    tmp_path, tiny_trainer_kwargs, monkeypatch
+):
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # Lightning's DistributedSampler takes seed 0 then
+    path = written_by_two_processes(tmp_path, tiny_trainer_kwargs)
+    with pytest.warns(UserWarning, match=r"Resuming epoch 0 on 1 processes.*after 24 of its 32 samples"):
+        data_state = DataStateCheckpoint(keep_global_batch=True)
+        resumed = fit_points(tmp_path, tiny_trainer_kwargs, max_steps=8, ckpt_path=path, data_state=data_state)
+    expected = per_step(ddp_order(0), 8)[3:] + per_step(ddp_order(1), 8)  # the 2-process run's steps 4 to 8
+    assert resumed.ids == dict(zip(range(4, 9), expected, strict=True))
+
+
+def test_a_refused_epoch_names_what_differs_from_the_checkpoints_order_and_the_fix(
+    tmp_path, tiny_trainer_kwargs, monkeypatch
+):
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    path = written_by_two_processes(tmp_path, tiny_trainer_kwargs, seed=5)
+    seed = r"seed=0 here, seed=5 in the run that wrote the checkpoint\. .*seed_everything\(5\) .*--seed_everything 5\)"
+    with pytest.raises(ValueError, match=seed):
+        fit_points(tmp_path, tiny_trainer_kwargs, max_steps=8, ckpt_path=path)
+    path = written_by_two_processes(tmp_path, tiny_trainer_kwargs)
+    sampler = r"EpochSeededSampler here, through a DistributedSampler in the run .*\. Give it a DistributedSampler"
+    with pytest.raises(ValueError, match=sampler):
+        fit_points(tmp_path, tiny_trainer_kwargs, max_steps=8, ckpt_path=path, use_distributed_sampler=False)
+
+
+def test_the_one_process_of_a_torchrun_job_draws_the_order_of_ddp_and_records_its_position(
+    tmp_path, tiny_trainer_kwargs, monkeypatch
+):
+    """An elastic job that starts on one node: the epoch it is in can be handed to more processes when a node joins."""
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    torchrun = {"TORCHELASTIC_RUN_ID": "job", "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": "1"}
+    for name, value in {**torchrun, "LOCAL_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    seen = fit_points(tmp_path, tiny_trainer_kwargs, max_steps=10)
+    assert seen.ids == dict(zip(range(1, 11), per_step(ddp_order(0), 4) + per_step(ddp_order(1), 4)[:2], strict=True))
+    checkpoint = torch.load(tmp_path / "one" / "epoch=0-step=6.ckpt", weights_only=False)
+    position = checkpoint["callbacks"]["DataStateCheckpoint"]["ranks"][0]["positions"][0]
+    assert (position["consumed"], position["shuffle"], position["seed"]) == (24, True, 0)

@@ -17,6 +17,7 @@ from lightning_scale.data.elastic import (
     RestOfEpochSampler,
     epoch_position,
     global_order,
+    order_differences,
     rest_of_epoch,
 )
 
@@ -119,3 +120,18 @@ def test_rest_of_epoch_sampler_is_as_long_as_the_resumed_epoch_and_then_the_samp
     assert len(wrapped) == 20 and list(wrapped) == list(range(8, 20))
     wrapped.set_epoch(3)
     assert list(wrapped) == list(range(20)) and sampler.epoch == 3
+
+
+def test_what_keeps_a_sampler_from_the_checkpoints_order_is_named_with_both_values():
+    start = EpochPosition(epoch=0, consumed=8, end=16, batch_size=2, drop_last=False, samples_per_step=4,
+                          shuffle=True, seed=3)  # fmt: skip
+    assert order_differences(DistributedSampler(range(16), num_replicas=1, rank=0, seed=3), start) == {}
+    other = DistributedSampler(range(16), num_replicas=3, rank=2, shuffle=False, seed=4)
+    assert order_differences(other, start) == {
+        "shuffle": "shuffle=False here, shuffle=True in the run that wrote the checkpoint",
+        "seed": "seed=4 here, seed=3 in the run that wrote the checkpoint",
+    }
+    assert order_differences(EpochSeededSampler(RandomSampler(range(16)), seed=3), start) == {
+        "sampler": "it draws through EpochSeededSampler here, through a DistributedSampler in the run that wrote the "
+        "checkpoint"
+    }

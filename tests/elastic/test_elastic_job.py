@@ -1,6 +1,7 @@
 """An elastic job loses a node, goes on with the one left, grows back when a node joins, and shrinks again on a spot
-notice: two torchrun agents on 127.0.0.1 (simulated nodes, ``--nnodes 1:2``, c10d rendezvous), stock ``ddp`` and the
-user code of ``elastic_user_code`` (torch's ``DataLoader``, ``shuffle=True``, a worker).
+notice: two torchrun agents on 127.0.0.1 (simulated nodes, ``--nnodes 1:2``, c10d rendezvous), the command's default
+strategy (``"auto"``: Lightning's DDP on 2 processes, a single-device strategy without a distributed sampler on 1) and
+the user code of ``elastic_user_code`` (torch's ``DataLoader``, ``shuffle=True``, a worker).
 
 Every sample of each epoch is seen exactly once across the world sizes, every optimizer step takes the samples the
 uninterrupted 2-process run's step took (``DataStateCheckpoint(keep_global_batch=True)``), the losses follow that run's,
@@ -26,6 +27,7 @@ import pytest
 from lightning_scale.testing import (
     CloudNotices,
     CostModel,
+    Fault,
     JobConfig,
     kill_process_tree,
     launch_command,
@@ -54,7 +56,7 @@ def _config(**changes) -> JobConfig:
         steps=STEPS,
         checkpoint_every=3,
         devices=1,
-        distributed=True,
+        distributed=False,  # the command's default strategy, "auto"
         trace_params=False,
         data_state={"keep_global_batch": True},
         spot_preemption=CloudNotices(),
@@ -143,6 +145,24 @@ def _effective(records: list[dict]) -> list[dict]:
     return kept
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The uninterrupted 2-process run (DDP) every job here is compared with: one run for the module."""
+    out = tmp_path_factory.mktemp("reference")
+    run_attempt(write_job(out, _config(devices=2, launch_env={})), TIMEOUT_S, expect="finish")
+    return _records(out)
+
+
+def _assert_follows(records: list[dict], uninterrupted: list[dict], steps: int) -> None:
+    """Every optimizer step up to ``steps`` took the samples of the uninterrupted run's, and its loss."""
+    elastic, expected = _per_step(records), _per_step(uninterrupted)
+    assert sorted(elastic) == list(range(1, steps + 1))
+    for step in range(1, steps + 1):
+        samples, loss = expected[step]
+        assert elastic[step][0] == samples, f"step {step} took other samples"
+        assert abs(elastic[step][1] - loss) <= LOSS_TOLERANCE * loss, f"step {step}: {elastic[step][1]} vs {loss}"
+
+
 def _per_step(records: list[dict]) -> dict[int, tuple[list[int], float]]:
     """Per optimizer step: its samples, and their mean loss (Lightning divides a batch's loss by the accumulation)."""
     samples, weighted = collections.defaultdict(list), collections.defaultdict(float)
@@ -155,10 +175,9 @@ def _per_step(records: list[dict]) -> dict[int, tuple[list[int], float]]:
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(420)
-def test_a_job_that_loses_and_regains_nodes_sees_every_sample_once_and_follows_the_uninterrupted_run(tmp_path):
-    reference = write_job(tmp_path / "reference", _config(devices=2, launch_env={}))
-    run_attempt(reference, TIMEOUT_S, expect="finish")
-
+def test_a_job_that_loses_and_regains_nodes_sees_every_sample_once_and_follows_the_uninterrupted_run(
+    tmp_path, reference
+):
     job = write_job(tmp_path / "elastic", _config())
     out = job.parent
     port = _free_port()
@@ -189,12 +208,7 @@ def test_a_job_that_loses_and_regains_nodes_sees_every_sample_once_and_follows_t
     for epoch in (0, 1, 2):
         assert sorted(by_epoch[epoch]) == list(range(N_SAMPLES)), f"epoch {epoch}"
     assert len(set(by_epoch[3])) == len(by_epoch[3])  # the epoch the job ends in: nothing twice so far
-
-    elastic, uninterrupted = _per_step(records), _per_step(_records(reference.parent))
-    assert sorted(elastic) == list(range(1, STEPS + 1))
-    for step, (samples, loss) in uninterrupted.items():
-        assert elastic[step][0] == samples, f"step {step} took other samples"
-        assert abs(elastic[step][1] - loss) <= LOSS_TOLERANCE * loss, f"step {step}: {elastic[step][1]} vs {loss}"
+    _assert_follows(records, reference, STEPS)
 
     log = "\n".join(path.read_text(errors="replace") for path in sorted(out.glob("node_*.txt")))
     changes = [line.split("CostTracker: ")[1].split(":")[0] for line in log.splitlines() if "CostTracker: the" in line]
@@ -204,6 +218,7 @@ def test_a_job_that_loses_and_regains_nodes_sees_every_sample_once_and_follows_t
         "the job runs on 2 node(s) now, 1 before",
     ], changes
     assert log.count("accumulate_grad_batches 1 -> 2") == 2  # on 1 node; on 2 the Trainer's own 1 keeps it
+    assert log.count("draws through the DistributedSampler Lightning's DDP would give it on one process") >= 2
     assert log.count("Resuming epoch 0 on 1 processes") == 1  # B was lost in epoch 0, after the checkpoint of step 6
     assert log.count("Resuming epoch 3 on 1 processes") == 1  # C's notice came in epoch 3 (steps 37-48)
     # C joins 8-10 steps (about 2 s) after step 18: the save it causes falls inside epoch 2 (steps 25-36), or else on
@@ -222,6 +237,7 @@ def test_a_model_parallel_job_grows_mid_epoch_from_one_process_to_two_keeping_it
         steps=18,
         strategy="model_parallel",
         strategy_kwargs={"min_params_to_shard": 1},
+        distributed=True,
         devices=1,
         trainer_kwargs={"accumulate_grad_batches": 2},  # 1 process x 4 samples x 2 batches: 8 samples per step
         spot_preemption=None,
@@ -244,3 +260,38 @@ def test_a_model_parallel_job_grows_mid_epoch_from_one_process_to_two_keeping_it
         assert abs(elastic[step][1] - loss) <= LOSS_TOLERANCE * loss, f"step {step}: {elastic[step][1]} vs {loss}"
     log = (tmp_path / "two" / "log.txt").read_text()
     assert "Resuming epoch 0 on 2 processes" in log and "accumulate_grad_batches 2 -> 1" in log
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_one_process_with_the_default_strategy_finishes_an_epoch_of_two_and_hands_its_own_back_mid_epoch(
+    tmp_path, reference
+):
+    """The command's defaults, with every change of the world in the middle of an epoch by construction: 2 processes
+    (DDP) killed after the checkpoint of step 6; the same job on 1 process (a single-device strategy, launched without
+    torchrun) finishes epoch 0, trains into epoch 1 and crashes after the checkpoint of step 21; 2 processes resume in
+    the middle of epoch 1 and finish. Every sample once per epoch, each step the uninterrupted run's samples and loss.
+    The node-loss test above meets a growth wherever torchrun's restart falls."""
+    shared = {
+        "steps": 30,
+        "spot_preemption": None,
+        "cost": None,
+        "max_restarts": 0,
+        "launch_env": {},
+        "checkpoint_dirpath": str(tmp_path / "checkpoints"),
+    }
+    run_attempt(write_job(tmp_path / "two", _config(devices=2, interrupt_at=6, **shared)), TIMEOUT_S, expect="marker")
+    crashes = (Fault(step=21, rank=0, kind="crash"),)  # after its checkpoint, in epoch 1 (steps 13-24)
+    run_attempt(write_job(tmp_path / "one", _config(faults=crashes, **shared)), TIMEOUT_S, expect="failure")
+    run_attempt(write_job(tmp_path / "again", _config(devices=2, **shared)), TIMEOUT_S, expect="finish")
+
+    records = _effective([r for job in ("two", "one", "again") for r in _records(tmp_path / job)])
+    worlds = {r["attempt"]: r["world"] for r in records}
+    assert [worlds[attempt] for attempt in sorted(worlds)] == [2, 1, 2]
+    for epoch in (0, 1):
+        assert sorted(i for r in records if r["epoch"] == epoch for i in r["sample_ids"]) == list(range(N_SAMPLES))
+    _assert_follows(records, reference, 30)
+    one, again = (tmp_path / "one" / "log.txt").read_text(), (tmp_path / "again" / "log.txt").read_text()
+    assert "Resuming epoch 0 on 1 processes" in one and "accumulate_grad_batches 1 -> 2" in one
+    assert "draws through the DistributedSampler Lightning's DDP would give it on one process" in one
+    assert "Resuming epoch 1 on 2 processes; the checkpoint was written by 1 after 72 of its 96 samples" in again
