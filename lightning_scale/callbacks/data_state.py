@@ -15,6 +15,7 @@ import torch
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 from typing_extensions import override
@@ -97,8 +98,10 @@ class DataStateCheckpoint(Callback):
     ``multiprocessing_context`` was chosen and that changes nothing they do. What still cannot resume exactly (an
     ``IterableDataset`` or a sampler without state, an iterable that is no ``DataLoader``) is named in a warning at
     the start of every fit; with ``strict=True`` it is refused before the first step. Training loaders whose workers
-    deliver no batch within ``worker_start_timeout_s`` of an epoch's start are reported with every stack, and the
-    process exits with ``STUCK_WORKERS_EXIT_CODE`` (124) so that the job is restarted.
+    deliver no batch within ``worker_start_timeout_s`` of an epoch's start, and validation loaders whose workers
+    deliver none within it of a validation run's start (the sanity check's included), are reported with every stack
+    of the process and its workers, and the process exits with ``STUCK_WORKERS_EXIT_CODE`` (124) so that the job is
+    restarted.
 
     ``ResumableCheckpoint`` adds this callback when the Trainer has none; it also works beside Lightning's plain
     ``ModelCheckpoint``.
@@ -108,7 +111,8 @@ class DataStateCheckpoint(Callback):
             given (for pipelines that manage their own state).
         strict: Refuse to train, before the first step, when a training loader cannot resume exactly.
         worker_start_timeout_s: Seconds a training loader's workers may take to deliver their first batch of an
-            epoch (``LIGHTNING_SCALE_WORKER_START_TIMEOUT_S`` sets the default).
+            epoch, and a validation loader's the first batch of a validation run
+            (``LIGHTNING_SCALE_WORKER_START_TIMEOUT_S`` sets the default).
         keep_global_batch: On a resume, set ``Trainer.accumulate_grad_batches`` so that an optimizer step takes as
             many samples as in the run that wrote the checkpoint, whatever the number of processes now.
 
@@ -126,8 +130,8 @@ class DataStateCheckpoint(Callback):
     ) -> None:
         if worker_start_timeout_s <= 0:
             raise ConfigurationError(
-                f"worker_start_timeout_s={worker_start_timeout_s} must be > 0 (seconds for a training loader's "
-                "workers to deliver their first batch)."
+                f"worker_start_timeout_s={worker_start_timeout_s} must be > 0 (seconds for a loader's workers to "
+                "deliver their first batch)."
             )
         self.make_loaders_resumable = make_loaders_resumable
         self.strict = strict
@@ -339,7 +343,8 @@ class DataStateCheckpoint(Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._rest is not None and trainer.current_epoch > self._rest.start.epoch:
             self._rest = None  # the loaders were built anew for this epoch
-        self._watch_worker_start(trainer, train_loaders(trainer))
+        what = f"rank {trainer.global_rank}, training dataloader(s) of epoch {trainer.current_epoch}"
+        self._watch_worker_start(train_loaders(trainer), what)
 
     @override
     def on_train_batch_start(
@@ -348,8 +353,30 @@ class DataStateCheckpoint(Callback):
         if self._watchdog is not None:
             self._watchdog.disarm()
 
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._trainer is None or trainer.val_dataloaders is None:
+            return  # a fit's validation runs only: its loaders' workers were forked able to report their stacks
+        when = (
+            "the sanity check"
+            if trainer.sanity_checking
+            else f"epoch {trainer.current_epoch}, step {trainer.global_step}"
+        )
+        what = f"rank {trainer.global_rank}, validation dataloader(s) of {when}"
+        self._watch_worker_start(CombinedLoader(trainer.val_dataloaders).flattened, what)
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self._watchdog is not None:
+            self._watchdog.disarm()
+
     def _process_loader(self, loader: Any) -> Any:
         trainer = self._trainer
+        if trainer is not None and not trainer.training and getattr(loader, "num_workers", 0) > 0:
+            # validation workers are forked in the loop, before any hook that could arm the watchdog
+            WorkerStartWatchdog.let_workers_report_stacks()
         if trainer is None or not trainer.training or not self.make_loaders_resumable:
             return loader  # only training loaders have a position to resume
         name = f"training dataloader #{len(self._problems)} ({type(loader).__name__})"
@@ -462,14 +489,15 @@ class DataStateCheckpoint(Callback):
         if end_of_epoch and pending["rng"] is not None:
             restore_rng_state(pending["rng"])
 
-    def _watch_worker_start(self, trainer: pl.Trainer, loaders: list[Any]) -> None:
-        """From the start of an epoch to its first batch (which a restored position's fast-forward precedes); the
-        first epoch of a fit over a loader without a length is fetched ahead before this, unwatched."""
+    def _watch_worker_start(self, loaders: list[Any], what: str) -> None:
+        """From the start of a training epoch or a validation run to its first batch (which a restored position's
+        fast-forward precedes); the first batch of a loader without a length is fetched ahead before this (for
+        training, in the first epoch of a fit only), unwatched."""
         if not any(getattr(loader, "num_workers", 0) > 0 for loader in loaders):
             return
         if self._watchdog is None:
             self._watchdog = WorkerStartWatchdog(self.worker_start_timeout_s)
-        self._watchdog.arm(f"rank {trainer.global_rank}, training dataloader(s) of epoch {trainer.current_epoch}")
+        self._watchdog.arm(what)
 
 
 _ORDER_FIXES = {

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_scale.errors import ConfigurationError
+from lightning_scale.health.stacks import dump_stacks_on_sigusr2
 from lightning_scale.health.watchdog import ProgressWatchdog
 
 __all__ = ["STUCK_WORKERS_EXIT_CODE", "WorkerStartWatchdog"]
@@ -21,12 +22,13 @@ STUCK_WORKERS_EXIT_CODE = 124
 
 
 class WorkerStartWatchdog:
-    """Report and exit when a training loader's workers deliver no batch within ``timeout_s`` of starting.
+    """Report and exit when a loader's workers (a training epoch's, a validation run's) deliver no batch within
+    ``timeout_s`` of starting.
 
     :meth:`arm` when an iterator (and its workers) starts, :meth:`disarm` at the first batch. On expiry the thread
     prints what was waited for, every thread's stack of this process and of its worker processes (those that
-    inherited the ``SIGUSR2`` handler this class installs when the signal is unused), stops the workers and calls
-    ``exit_fn(STUCK_WORKERS_EXIT_CODE)``.
+    inherited the ``SIGUSR2`` handler this class installs when the signal is unused: at the first :meth:`arm`, or
+    earlier with :meth:`let_workers_report_stacks`), stops the workers and calls ``exit_fn(STUCK_WORKERS_EXIT_CODE)``.
 
     Args:
         timeout_s: Seconds from :meth:`arm` to the first batch.
@@ -66,6 +68,13 @@ class WorkerStartWatchdog:
     def close(self) -> None:
         """Stop the thread; safe to call twice."""
         self._watchdog.close()
+
+    @staticmethod
+    def let_workers_report_stacks() -> None:
+        """Install the ``SIGUSR2`` handler now (when the signal is unused): workers forked from here on report their
+        stacks should they not deliver. For loaders whose workers start before :meth:`arm` can be called (a
+        validation run's: Lightning creates its iterator before any hook); :meth:`arm` installs it too."""
+        dump_stacks_on_sigusr2()
 
     @property
     def running(self) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -11,6 +13,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from examples.char_transformer import CharDataModule
 from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
+from lightning_scale.callbacks import data_state as data_state_module
+from lightning_scale.data import STUCK_WORKERS_EXIT_CODE, WorkerStartWatchdog
 from lightning_scale.data.elastic import EpochPosition
 from tests import fitting
 from tests.data.user_code import OwnOrder
@@ -256,8 +260,8 @@ def test_an_error_before_the_first_batch_stops_the_worker_start_watchdog(tmp_pat
     watchdogs = []
     original = DataStateCheckpoint._watch_worker_start
 
-    def record(self, trainer, loaders):
-        original(self, trainer, loaders)
+    def record(self, loaders, what):
+        original(self, loaders, what)
         watchdogs.append(self._watchdog)
 
     monkeypatch.setattr(DataStateCheckpoint, "_watch_worker_start", record)
@@ -265,6 +269,53 @@ def test_an_error_before_the_first_batch_stops_the_worker_start_watchdog(tmp_pat
         Trainer(max_steps=2, callbacks=callbacks, **tiny_trainer_kwargs).fit(UserMLP(), train_dataloaders=loader)
     assert watchdogs and not watchdogs[0].running  # closed: it cannot end this process 10 minutes from now
     assert data_state._watchdog is None
+
+
+class BlocksInGetitem(torch.utils.data.Dataset):
+    """A validation set whose worker never delivers: its ``__getitem__`` blocks (as a worker deadlocked at start-up)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> dict:
+        blocks_forever()
+
+
+def blocks_forever() -> None:
+    while True:
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(60)  # without the watchdog the fit waits for the worker forever
+def test_a_validation_loader_whose_workers_never_deliver_is_reported_and_the_process_exits(
+    tmp_path, tiny_trainer_kwargs, monkeypatch, capfd
+):
+    from tests.data.user_code import NoisyDataset, UserMLP
+
+    exits: list[int] = []
+
+    class ExitRecorded(WorkerStartWatchdog):
+        def __init__(self, timeout_s: float) -> None:
+            super().__init__(timeout_s, exit_fn=exits.append)
+
+    monkeypatch.setattr(data_state_module, "WorkerStartWatchdog", ExitRecorded)
+    train = DataLoader(NoisyDataset(16), batch_size=4)
+    stuck = DataLoader(BlocksInGetitem(), batch_size=4, num_workers=1, multiprocessing_context="fork")
+    data_state = DataStateCheckpoint(worker_start_timeout_s=1)
+    trainer_kwargs = {**tiny_trainer_kwargs, "limit_val_batches": 1, "num_sanity_val_steps": 0, "val_check_interval": 2}
+    trainer = Trainer(max_steps=4, callbacks=[data_state], **trainer_kwargs)
+    started = time.monotonic()
+    # the watchdog stops the workers and, instead of ending this process, records the exit code: the loader then
+    # finds its worker gone
+    with pytest.raises(RuntimeError, match=r"DataLoader worker .* exited unexpectedly"):
+        trainer.fit(UserMLP(), train_dataloaders=train, val_dataloaders=stuck)
+    assert exits == [STUCK_WORKERS_EXIT_CODE] and time.monotonic() - started < 20
+    err = capfd.readouterr().err
+    assert (
+        "rank 0, validation dataloader(s) of epoch 0, step 2: no batch 1 s after its DataLoader workers started" in err
+    )
+    assert "in blocks_forever" in err and "in __getitem__" in err  # the worker's own stack
+    assert data_state._watchdog is None  # stopped with the fit's error
 
 
 class RecordsSamples(Callback):

@@ -1,8 +1,11 @@
 """A user's 2-process job with DataLoader workers and no multiprocessing_context chosen (``python -m`` under torchrun).
 
-Config: ``{"out", "epochs", "stuck_from_epoch"}``. Every worker start appends ``rank pid parent-pid epoch`` to
-``out/starts.txt``; with ``stuck_from_epoch`` set, workers of that epoch never start (their ``worker_init_fn``
-blocks), which ``DataStateCheckpoint``'s watchdog must turn into a report and exit 124.
+Config: ``{"out", "epochs", "stuck_from_epoch", "stuck_validation_from_epoch"}``. Every worker start appends
+``rank pid parent-pid epoch`` to ``out/starts.txt``; with ``stuck_from_epoch`` set, workers of that epoch never start
+(their ``worker_init_fn`` blocks), which ``DataStateCheckpoint``'s watchdog must turn into a report and exit 124. With
+``stuck_validation_from_epoch`` set, the job also validates after every epoch through a loader with a forked worker
+(no ``multiprocessing_context``, as users write it), which from that epoch on never delivers (its ``__getitem__``
+blocks): the same report and exit code.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint
@@ -43,11 +46,34 @@ def never_starts() -> None:
 
 
 class Epochs(pl.Callback):
-    def __init__(self, recorder: StartRecorder) -> None:
-        self.recorder = recorder
+    def __init__(self, recorder: StartRecorder, validation: Validation | None) -> None:
+        self.recorder, self.validation = recorder, validation
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.recorder.epoch = trainer.current_epoch  # copied into the workers of the epoch starting now
+        if self.validation is not None:
+            self.validation.epoch = trainer.current_epoch  # into those of the validation after it
+
+
+class Validation(Dataset):
+    """The user's validation set; from ``stuck_from_epoch`` on (copied into the workers each run forks) a worker
+    blocks in ``__getitem__``, as one deadlocked at start-up would."""
+
+    def __init__(self, stuck_from_epoch: int) -> None:
+        self.data, self.stuck_from_epoch, self.epoch = NoisyDataset(8), stuck_from_epoch, 0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> dict:
+        if self.epoch >= self.stuck_from_epoch:
+            never_delivers()
+        return self.data[index]
+
+
+def never_delivers() -> None:
+    while True:
+        time.sleep(1)
 
 
 class UserDataWithWorkers(pl.LightningDataModule):
@@ -59,24 +85,37 @@ class UserDataWithWorkers(pl.LightningDataModule):
         return DataLoader(NoisyDataset(32), batch_size=4, shuffle=True, num_workers=2, worker_init_fn=self.recorder)
 
 
+class UserDataWithValidation(UserDataWithWorkers):
+    def __init__(self, recorder: StartRecorder, validation: Validation) -> None:
+        super().__init__(recorder)
+        self.validation = validation
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.validation, batch_size=4, num_workers=1)
+
+
 def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
     pl.seed_everything(0, verbose=False)
     rank = int(os.environ["RANK"])
     (Path(config["out"]) / f"rank{rank}.pid").write_text(str(os.getpid()))
     recorder = StartRecorder(config["out"], rank, config.get("stuck_from_epoch"))
+    stuck_validation = config.get("stuck_validation_from_epoch")
+    validation = None if stuck_validation is None else Validation(stuck_validation)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
         strategy=DDPStrategy(timeout=timedelta(seconds=120)),
         max_epochs=config["epochs"],
         limit_train_batches=2,
-        callbacks=[Epochs(recorder), ResumableCheckpoint(dirpath=str(Path(config["out"]) / "ckpt"))],
+        limit_val_batches=1,
+        callbacks=[Epochs(recorder, validation), ResumableCheckpoint(dirpath=str(Path(config["out"]) / "ckpt"))],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(UserMLP(), datamodule=UserDataWithWorkers(recorder))
+    data = UserDataWithWorkers(recorder) if validation is None else UserDataWithValidation(recorder, validation)
+    trainer.fit(UserMLP(), datamodule=data)
     (Path(config["out"]) / "result.json").write_text(json.dumps({"epochs": trainer.current_epoch}))
 
 
