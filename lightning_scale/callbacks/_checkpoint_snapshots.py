@@ -137,7 +137,7 @@ class MemorySnapshots(ProcessLocal):
             due = StepVote.of(trainer).agreed(self, trainer, outputs, batch_idx)
         self._step_seen = trainer.global_step
         if due:
-            with HangWatchdog.pausing(trainer, f"taking a memory snapshot of step {trainer.global_step}"):
+            with HangWatchdog.excluding(trainer, f"taking a memory snapshot of step {trainer.global_step}"):
                 self._take(trainer)
         self._last_step_end = self.clock()
 

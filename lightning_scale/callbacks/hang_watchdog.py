@@ -17,7 +17,10 @@ from typing_extensions import override
 from lightning_scale import distributed
 from lightning_scale._lightning_internals import process_group_timeout
 from lightning_scale._trainer_attributes import trainer_callbacks
+from lightning_scale.errors import ConfigurationError
 from lightning_scale.health.watchdog import HANG_EXIT_CODE, ProgressWatchdog, StepAllowance
+from lightning_scale.restart import beacon
+from lightning_scale.restart.beacon import Beacon
 
 __all__ = ["COLLECTIVE_MARGIN_S", "HangWatchdog"]
 
@@ -44,11 +47,19 @@ class HangWatchdog(Callback):
     needed, never lowered): a rank waiting in a collective for a hung peer then lets the peer's own watchdog report
     its stacks first, instead of failing the collective without saying where the peer was stuck.
 
+    Its peers can tell sooner: under warm restarts (the ``lightning-scale`` command under torchrun) every mark is also
+    shown to the rank's parent process, and a rank that stands still behind the others while they all wait for it is
+    named hung after ``peer_step_factor`` times the slowest recent interval, at least ``peer_min_timeout_s``; its
+    stacks are printed and every rank restarts (:mod:`lightning_scale.restart.hangs`). The start-up phases and saves
+    above are never judged so.
+
     Args:
         min_timeout_s: The shortest allowance between two training batches' marks.
         step_factor: Allowance as a multiple of the slowest recent interval between marks.
         startup_timeout_s: Allowance of the phases listed above.
         timeout_s: A fixed allowance between training marks instead of the adaptive one.
+        peer_min_timeout_s: The shortest time a rank that its peers wait for may stand still (warm restarts only).
+        peer_step_factor: That time as a multiple of the slowest recent interval between marks.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -61,11 +72,20 @@ class HangWatchdog(Callback):
         step_factor: float = 20.0,
         startup_timeout_s: float = 1800.0,
         timeout_s: float | None = None,
+        peer_min_timeout_s: float = 10.0,
+        peer_step_factor: float = 10.0,
     ) -> None:
+        if peer_min_timeout_s <= 0 or peer_step_factor <= 0:
+            raise ConfigurationError(
+                f"peer_min_timeout_s={peer_min_timeout_s} and peer_step_factor={peer_step_factor} must be > 0 "
+                "(--hang.peer_min_timeout_s, --hang.peer_step_factor)."
+            )
         self.min_timeout_s = min_timeout_s
         self.step_factor = step_factor
         self.startup_timeout_s = startup_timeout_s
         self.timeout_s = timeout_s
+        self.peer_min_timeout_s = peer_min_timeout_s
+        self.peer_step_factor = peer_step_factor
         self.exit_fn: Callable[[int], Any] = os._exit
         """Ends the process on a hang."""
         self._clock: Callable[[], float] = time.monotonic
@@ -76,6 +96,8 @@ class HangWatchdog(Callback):
         self._trainer: pl.Trainer | None = None
         self._unpatched_save: Callable[..., Any] | None = None
         self._collective_timeout_s: float | None = None  # None: no process group
+        self._beacon: Beacon | None = None  # the warm-restart parent's view of this rank's progress
+        self._armed_s = startup_timeout_s  # the allowance of the phase armed last
 
     @staticmethod
     @contextmanager
@@ -83,6 +105,14 @@ class HangWatchdog(Callback):
         """Leave ``what`` (a checkpoint save) unwatched by the Trainer's ``HangWatchdog``, if it has one."""
         watchdogs = [cb for cb in trainer_callbacks(trainer) if isinstance(cb, HangWatchdog)]
         with watchdogs[0].paused(what) if watchdogs else contextlib.nullcontext():
+            yield
+
+    @staticmethod
+    @contextmanager
+    def excluding(trainer: pl.Trainer, what: str) -> Iterator[None]:
+        """Leave ``what``, a short part of a step (a memory snapshot), unwatched and out of the measured step time."""
+        watchdogs = [cb for cb in trainer_callbacks(trainer) if isinstance(cb, HangWatchdog)]
+        with watchdogs[0].excluded(what) if watchdogs else contextlib.nullcontext():
             yield
 
     @override
@@ -97,6 +127,7 @@ class HangWatchdog(Callback):
         )
         self._allowance = StepAllowance(self.min_timeout_s, self.step_factor, self.startup_timeout_s)
         self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=self.exit_fn, clock=self._clock)
+        self._beacon = beacon.current()
         self._trainer = trainer
         self._unpatched_save = trainer.save_checkpoint
         has_group = distributed.has_process_group()
@@ -135,6 +166,13 @@ class HangWatchdog(Callback):
         self._mark(f"after training step {trainer.global_step} (callbacks, then the next batch)")
 
     @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        # not a mark of this rank's own watchdog: a rank past its forward is ahead of one stuck in it (or in its data),
+        # which its peers can only tell by this
+        if self._watchdog is not None:
+            self._tell_peers(watched=self._measuring)
+
+    @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._startup("validation, waiting for its first batch")
 
@@ -159,6 +197,7 @@ class HangWatchdog(Callback):
         if self._watchdog is not None:
             self._arm(phase, self.startup_timeout_s)
             self._last_mark, self._measuring = None, False
+            self._tell_peers(watched=False)
 
     def _mark(self, phase: str) -> None:
         if self._watchdog is None:
@@ -169,6 +208,15 @@ class HangWatchdog(Callback):
         self._measuring = self._last_mark is not None  # from the second mark after a start-up phase on
         self._last_mark = now
         self._arm(phase, self.allowance_s)
+        self._tell_peers(watched=self._measuring)
+
+    def _tell_peers(self, watched: bool) -> None:
+        """Show this mark to the warm-restart parent, with the time the peers may wait for the next one."""
+        if self._beacon is None:
+            return
+        slowest = self._allowance.slowest_s()
+        allowance = max(self.peer_min_timeout_s, self.peer_step_factor * (slowest or 0.0))
+        self._beacon.mark(watched=watched and slowest is not None, allowance_s=allowance)
 
     @property
     def allowance_s(self) -> float:
@@ -178,6 +226,7 @@ class HangWatchdog(Callback):
     def _arm(self, phase: str, allowance: float) -> None:
         assert self._watchdog is not None
         self._watchdog.arm(phase, allowance)
+        self._armed_s = allowance
         needed = allowance + COLLECTIVE_MARGIN_S
         if self._collective_timeout_s is not None and needed > self._collective_timeout_s:
             distributed.set_timeout(needed)
@@ -196,10 +245,28 @@ class HangWatchdog(Callback):
             return
         phase = watchdog.phase
         watchdog.arm(what, None)
+        self._tell_peers(watched=False)
         try:
             yield
         finally:
             self._startup(f"{phase}, after {what}")  # the save's length is not a step's
+
+    @contextmanager
+    def excluded(self, what: str) -> Iterator[None]:
+        """Leave ``what`` unwatched; the phase it interrupts goes on afterwards with its allowance from then, and its
+        length is not measured into the step time (outside ``fit``: nothing to do)."""
+        watchdog = self._watchdog
+        if watchdog is None:
+            yield
+            return
+        phase, allowance, started = watchdog.phase, self._armed_s, self._clock()
+        watchdog.arm(what, None)
+        try:
+            yield
+        finally:
+            if self._last_mark is not None:
+                self._last_mark += self._clock() - started
+            self._arm(phase, allowance)
 
     def _stop(self) -> None:
         if self._watchdog is not None:

@@ -55,6 +55,10 @@ class StepAllowance:
         """One interval between two progress marks."""
         self._intervals.append(seconds)
 
+    def slowest_s(self) -> float | None:
+        """The slowest of the recent measured intervals (``None``: none measured yet)."""
+        return max(self._intervals) if self._intervals else None
+
     def seconds(self) -> float:
         if not self._intervals:
             return self.startup_s

@@ -1,8 +1,9 @@
 """What the warm-restart parents of a job tell each other, as keys of a store they share (no process group).
 
 Per attempt ``k`` of the training processes: the port of that attempt's process-group store (chosen by rank 0's
-parent), a counter of parents whose training process failed with each one's reason, and a counter of parents ready
-to start attempt ``k + 1``. Per parent, a heartbeat counter that it raises while it lives: a parent whose heartbeat
+parent), each child's progress (:mod:`~lightning_scale.restart.beacon`), a counter of parents whose training process
+failed with each one's reason, the ranks found hung by their peers, and a counter of parents ready to start attempt
+``k + 1``. Per parent, a heartbeat counter that it raises while it lives: a parent whose heartbeat
 stands still is gone (its node was lost) and no attempt can start without it.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
+
+from lightning_scale.restart.beacon import Progress
 
 __all__ = ["AttemptBoard"]
 
@@ -61,6 +64,33 @@ class AttemptBoard:
         """Every reason given for ``attempt``'s failure, in rank order."""
         keys = [f"attempt/{attempt}/why/{rank}" for rank in range(self.world_size)]
         return [self.store.get(key).decode() for key in keys if self.store.check([key])]
+
+    def accuse(self, attempt: int, rank: int, reason: str) -> None:
+        """Say that rank ``rank``'s training process of ``attempt`` is hung (a failure of that attempt)."""
+        self.store.set(f"attempt/{attempt}/accused/{rank}", reason)
+        self.fail(attempt, reason)
+
+    def accused(self, attempt: int) -> bool:
+        """Whether this parent's training process of ``attempt`` was found hung."""
+        return bool(self.store.check([f"attempt/{attempt}/accused/{self.rank}"]))
+
+    def publish_progress(self, attempt: int, progress: Progress) -> None:
+        self.store.set(
+            f"attempt/{attempt}/progress/{self.rank}",
+            f"{progress.count},{int(progress.watched)},{progress.allowance_s}",
+        )
+
+    def progress(self, attempt: int) -> list[Progress | None]:
+        """Every rank's published progress of ``attempt`` (``None`` for a rank that published none yet)."""
+        keys = [f"attempt/{attempt}/progress/{rank}" for rank in range(self.world_size)]
+        found: list[Progress | None] = []
+        for key in keys:
+            if not self.store.check([key]):
+                found.append(None)
+                continue
+            count, watched, allowance = self.store.get(key).decode().split(",")
+            found.append(Progress(int(count), watched == "1", float(allowance)))
+        return found
 
     def arrive(self, attempt: int) -> None:
         """This parent is ready to start ``attempt``."""

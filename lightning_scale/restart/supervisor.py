@@ -4,10 +4,11 @@ Under torchrun, the process torchrun starts for a rank (the *parent*) imports ev
 training process of each attempt (the *child*, in a process group of its own, killed if the parent dies). The
 parents of a job share a small store (:class:`~lightning_scale.restart.board.AttemptBoard`):
 
-- a child that exits with a failure (an exception, a signal such as SIGKILL, a hang exit), or that is stopped
-  (SIGSTOP: it cannot run again by itself), makes its parent say so; every parent then kills its own child at once (no
-  rank waits for a collective's timeout), they meet, and each forks the next attempt, which resumes from the memory
-  snapshots. Interpreter start, imports and torchrun's restart are not paid again;
+- a child that exits with a failure (an exception, a signal such as SIGKILL, a hang exit), that is stopped (SIGSTOP:
+  it cannot run again by itself), or that its peers wait for while it makes no progress (rank 0's parent judges,
+  :mod:`~lightning_scale.restart.hangs`; its stacks are printed first), makes its parent say so; every parent then
+  kills its own child at once (no rank waits for a collective's timeout), they meet, and each forks the next attempt,
+  which resumes from the memory snapshots. Interpreter start, imports and torchrun's restart are not paid again;
 - each attempt's process group gets a store of its own (on a free port chosen by rank 0's parent), so no key of a
   failed attempt is read by the next;
 - what is not a failure ends the parent with the child's code, for torchrun and the orchestrator to act on: success
@@ -34,7 +35,9 @@ from typing import Any
 from lightning_scale import distributed, knobs
 from lightning_scale._python_internals import run_exit_functions
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
+from lightning_scale.restart import beacon
 from lightning_scale.restart.board import AttemptBoard
+from lightning_scale.restart.hangs import PeerHangJudge
 
 __all__ = [
     "FINAL_EXIT_CODES",
@@ -60,8 +63,16 @@ _PR_SET_PDEATHSIG = 1
 
 
 def warm_restarts_apply(max_restarts: int) -> bool:
-    """Whether a process started by torchrun on Linux should run its training as warm-restarted children."""
-    return max_restarts > 0 and "TORCHELASTIC_RUN_ID" in os.environ and sys.platform == "linux"
+    """Whether a process started by torchrun on Linux should run its training as warm-restarted children: not when
+    torchrun shares its agent's store with the workers of several nodes, whose restart counts differ (such jobs set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` anyway, see ``distributed.init_process_group_per_attempt``)."""
+    if max_restarts <= 0 or "TORCHELASTIC_RUN_ID" not in os.environ or sys.platform != "linux":
+        return False
+    return not (_agent_store() and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1)
+
+
+def _agent_store() -> bool:
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 def supervise(attempt: Callable[[], None], max_restarts: int) -> int:
@@ -98,19 +109,21 @@ class Supervisor:
         self.group: int | None = None  # its process group, until killed (its DataLoader workers may outlive it)
         self.received: int | None = None  # a signal that ends this parent once its child exited
         self._board: AttemptBoard | None = None
+        self._beacon = beacon.Beacon()
 
     @property
     def board(self) -> AttemptBoard:
-        """The parents' store: torchrun's agent store when it shares it with the workers, else one on rank 0's
+        """The parents' store: torchrun's agent store when it shares it with the workers (one node: its keys under
+        torchrun's restart count, as it outlives torchrun's restarts), else a new one for this rendezvous on rank 0's
         parent at ``MASTER_PORT`` (where rank 0's own store would have been)."""
         if self._board is None:
-            agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            shared = _agent_store()
             store = distributed.coordination_store(
                 self.host,
                 int(os.environ["MASTER_PORT"]),
-                serve=not agent_store and self.rank == 0,
+                serve=not shared and self.rank == 0,
                 timeout_s=self.ready_timeout_s,
-                prefix=f"lightning_scale/warm/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
+                prefix=f"lightning_scale/warm/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/" if shared else "",
             )
             self._board = AttemptBoard(store, self.rank, self.world_size)
         return self._board
@@ -118,16 +131,21 @@ class Supervisor:
     def run(self) -> int:
         for sig in _FORWARDED:
             signal.signal(sig, self._forward)
+        self._beacon = beacon.install()
         code = 1
         for attempt in range(self.max_restarts + 1):
             if self.rank == 0:
                 self.board.publish_port(attempt, _free_port(self.host))
+            self._beacon.reset()
+            self.board.publish_progress(attempt, self._beacon.read())
             self.child = self.group = self._fork(attempt, self.board.port(attempt))
             code, reason = self._watch(attempt)
             if code in FINAL_EXIT_CODES or self.received is not None:
                 return code
             if reason is not None:
                 self.board.fail(attempt, reason)
+            if self.board.accused(attempt):
+                self._dump_child_stacks()
             self._kill_child()
             if attempt == self.max_restarts:
                 self._say(f"no warm restart left ({self.max_restarts} used): exiting {code} for torchrun to restart")
@@ -144,6 +162,7 @@ class Supervisor:
         this rank's reason to report, ``None`` when the failure was a peer's."""
         assert self.child is not None
         beat_at = looked_at = 0.0
+        judge = PeerHangJudge(self.world_size) if self.rank == 0 else None
         while True:
             pid, status = os.waitpid(self.child, os.WNOHANG | os.WUNTRACED)
             if pid and os.WIFSTOPPED(status):
@@ -155,6 +174,7 @@ class Supervisor:
             now = time.monotonic()
             if now - beat_at >= self.peer_timeout_s / 4:
                 self.board.beat()
+                self.board.publish_progress(attempt, self._beacon.read())
                 beat_at = now
             if self.board.failed(attempt):
                 return 1, None
@@ -163,6 +183,9 @@ class Supervisor:
                 silent = self.board.silent_peers(self.peer_timeout_s)
                 if silent:
                     return 1, f"the parent of rank(s) {silent} is gone (its node was lost?)"
+                for rank, still_s in judge.observe(self.board.progress(attempt)) if judge is not None else []:
+                    reason = f"rank {rank} made no progress for {still_s:.1f} s while the others waited for it"
+                    self.board.accuse(attempt, rank, reason)
             time.sleep(self.poll_s)
 
     def _meet(self, attempt: int) -> bool:
@@ -198,6 +221,13 @@ class Supervisor:
             code = _run(self.attempt)
         finally:
             os._exit(code)
+
+    def _dump_child_stacks(self) -> None:
+        """Have the hung child print every stack (``HangWatchdog``'s SIGUSR2 handler) before it is killed."""
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child, signal.SIGUSR2)
+            time.sleep(1.0)
 
     def _kill_child(self) -> None:
         """Kill the child and everything in its process group (its DataLoader workers), and reap it."""

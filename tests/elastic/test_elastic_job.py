@@ -62,6 +62,7 @@ def _config(**changes) -> JobConfig:
         spot_preemption=CloudNotices(),
         cost=CostModel(price_per_hour=3.0, seconds_per_step=60.0),
         max_restarts=6,
+        warm_restarts=3,  # as the lightning-scale command runs under torchrun
         launch_env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},  # multi-node torchrun restarts need it (README)
     )
     return dataclasses.replace(config, **changes)

@@ -1,6 +1,8 @@
-"""Warm restarts under torchrun: a 2-process job of a user's code meets a killed process, an exception and a frozen
-(SIGSTOPped) process; each time every rank's parent restarts the training from itself, torchrun never restarts
-anything (``--max-restarts 0``), and the job resumes from memory and ends bitwise equal to an uninterrupted run."""
+"""Warm restarts under torchrun: a 2-process job of a user's code meets a killed process, an exception, a frozen
+(SIGSTOPped) process and a rank stuck in its ``training_step``; each time every rank's parent restarts the training
+from itself, torchrun never restarts anything (``--max-restarts 0``), and the job resumes from memory and ends bitwise
+equal to an uninterrupted run. The stuck rank is found by its peers, which wait for it, within seconds: its own
+watchdog would wait 5 minutes."""
 
 from __future__ import annotations
 
@@ -14,18 +16,18 @@ from lightning_scale.testing import Fault, JobConfig, read_traces, run_attempt, 
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
-USER_CELL = {"USER_CELL": '{"loader": "torch", "shuffle": "shuffle_true", "workers": 1}'}
+PEER_TIMEOUT_S = 3.0
 
 
 def _config(**changes) -> JobConfig:
     config = JobConfig(
-        model_factory="tests.data.user_code:model",
-        datamodule_factory="tests.data.user_code:data",
+        model_factory="tests.health.hang_user_code:StallingMLP",  # torch DataLoader, shuffle=True, a worker
+        datamodule_factory="tests.health.hang_user_code:WorkerData",
         steps=16,
         checkpoint_every=8,
         checkpoint_kwargs={"snapshot_every_n_steps": 1},
         trainer_kwargs={"limit_val_batches": 0},
-        launch_env=USER_CELL,
+        hang_watchdog={"peer_min_timeout_s": PEER_TIMEOUT_S},  # its own allowance stays 5 minutes
     )
     return dataclasses.replace(config, **changes)
 
@@ -39,7 +41,9 @@ def test_each_failure_is_restarted_by_the_ranks_parents_from_memory_without_torc
         Fault(step=6, rank=0, kind="crash"),
         Fault(step=9, rank=1, kind="SIGSTOP"),  # frozen: nothing but its parent can tell it will never go on
     )
-    job = write_job(tmp_path / "warm", _config(faults=faults, warm_restarts=3, max_restarts=0))
+    (tmp_path / "claims").mkdir()
+    stuck = {"HANG_CLAIMS": str(tmp_path / "claims"), "HANG_STEP": "1:12"}  # rank 1's training_step of step 12
+    job = write_job(tmp_path / "warm", _config(faults=faults, warm_restarts=4, max_restarts=0, launch_env=stuck))
     run_attempt(job, 240, expect="finish")
     log = (job.parent / "log.txt").read_text(errors="replace")
 
@@ -47,16 +51,19 @@ def test_each_failure_is_restarted_by_the_ranks_parents_from_memory_without_torc
     reasons = re.findall(
         r"lightning-scale: (.*)\. Restarting every rank's training from its parent \(attempt (\d)\)", log
     )
-    assert [attempt for _, attempt in reasons] == ["1", "2", "3"], log[-5000:]
+    assert [attempt for _, attempt in reasons] == ["1", "2", "3", "4"], log[-5000:]
     assert "rank 1's training process was killed by SIGKILL" in reasons[0][0]
     assert "rank 0's training process exited with code 1" in reasons[1][0]
     assert "rank 1's training process was stopped by SIGSTOP" in reasons[2][0]
+    still = re.search(r"rank 1 made no progress for ([\d.]+) s while the others waited for it", reasons[3][0])
+    assert still and float(still.group(1)) >= PEER_TIMEOUT_S, reasons[3][0]
+    assert "in _hang_once" in log  # the stuck rank's stacks, printed before it was killed
     resumed = re.findall(r"Auto-resuming from the memory snapshot of step (\d+)", log)
-    assert resumed == ["3", "6", "9"]
+    assert resumed == ["3", "6", "9", "11"]
     firsts: dict[float, int] = {}
     for record in read_traces(job.parent, 2)[0]:
         firsts.setdefault(record["attempt"], record["step"])
-    assert [firsts[a] for a in sorted(firsts)] == [1, 4, 7, 10]  # no step replayed
+    assert [firsts[a] for a in sorted(firsts)] == [1, 4, 7, 10, 12]  # no step replayed
     for rank in (0, 1):
         final = torch.load(job.parent / f"final_rank{rank}.pt", weights_only=True)
         expected = torch.load(reference.parent / f"final_rank{rank}.pt", weights_only=True)
