@@ -203,7 +203,9 @@ class DataStateCheckpoint(Callback):
         check_state_version(state_dict, "DataStateCheckpoint", missing=None)
         saved_world, world = state_dict["world_size"], distributed.world_size()
         ranks = state_dict.get("ranks") or [state_dict[f"rank_{r}"] for r in range(saved_world)]  # or the old layout
-        positions = ranks[0].get("positions")
+        # every rank records the epoch's global position: on the same world size each reads its own entry only (a
+        # sharded checkpoint's rank file, a memory snapshot held on another node), else rank 0's
+        positions = ranks[distributed.rank() if saved_world == world else 0].get("positions")
         self._saved_distributed = None if not positions else any(p is not None for p in positions)
         if saved_world == world:
             self._pending = dict(ranks[distributed.rank()])
