@@ -43,7 +43,9 @@ __all__ = [
     "on_rank_zero",
     "rank",
     "receive_blobs",
+    "receive_into",
     "send_blobs",
+    "send_tensor",
     "send_to_others",
     "start_receive",
     "world_size",
@@ -206,6 +208,17 @@ def receive_blobs(count: int, src: int, group: Any = None) -> list[torch.Tensor]
         if blob.numel():
             dist.recv(blob, src, group=group)
     return blobs
+
+
+def send_tensor(tensor: torch.Tensor, dst: int, group: Any) -> None:
+    """Send a CPU tensor to global rank ``dst`` over ``group`` (blocking; gloo), which takes it with
+    :func:`receive_into`. Safe from a thread of its own while other threads use other groups."""
+    dist.send(tensor, dst, group=group)
+
+
+def receive_into(tensor: torch.Tensor, src: int, group: Any) -> None:
+    """Receive into ``tensor`` (in place) what global rank ``src`` sends with :func:`send_tensor`."""
+    dist.recv(tensor, src, group=group)
 
 
 def all_reduce_sum_(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:

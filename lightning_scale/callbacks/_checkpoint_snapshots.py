@@ -42,7 +42,8 @@ from lightning_scale.snapshot import (
     unpack,
 )
 from lightning_scale.snapshot.codec import tensors_from_buffer
-from lightning_scale.snapshot.slots import SLOTS, decode_meta
+from lightning_scale.snapshot.peer import PeerCopies
+from lightning_scale.snapshot.slots import SLOTS, decode_meta, encode_meta
 from lightning_scale.strategies.pipeline_parallel import PipelineParallelStrategy
 
 __all__ = ["MemoryResume", "MemorySnapshots"]
@@ -67,7 +68,7 @@ class MemorySnapshots(ProcessLocal):
         clock: Monotonic seconds.
     """
 
-    PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {"_node": None, "_io": None}
+    PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {"_node": None, "_io": None, "_peers": None}
 
     def __init__(
         self, cadence: SnapshotCadence, lineage: RunLineage, clock: Callable[[], float] = time.monotonic
@@ -79,6 +80,7 @@ class MemorySnapshots(ProcessLocal):
         """Time training waited for the latest snapshot."""
         self._node: NodeSnapshots | None = None
         self._io: ShardedAwareCheckpointIO | None = None
+        self._peers: PeerCopies | None = None
         self._room_checked = False
         self._since = 0
         self._step_seen = -1
@@ -98,6 +100,9 @@ class MemorySnapshots(ProcessLocal):
             return
         self._io, self._node = io, NodeSnapshots(job_directory(dirpath))
         self._room_checked, self._since, self._step_seen, self._last_step_end = False, 0, -1, None
+        if PeerCopies.needed(trainer.world_size, trainer.num_devices):  # each snapshot also on the next node
+            group = distributed.new_group("gloo")
+            self._peers = PeerCopies(self._node, trainer.global_rank, trainer.world_size, trainer.num_devices, group)
         if self.cadence.every_n_steps is None:
             StepVote.of(trainer).join(self, self._ballot)
 
@@ -111,6 +116,10 @@ class MemorySnapshots(ProcessLocal):
         """Training finished: remove the job's snapshots from every node (call on every rank)."""
         if self._node is None:
             return
+        if self._peers is not None:
+            self._peers.stop()
+            distributed.destroy_group(self._peers.group)
+            self._peers = None
         self._node.close()
         distributed.barrier()  # every rank is done with its slots
         if trainer.local_rank == 0:
@@ -150,6 +159,8 @@ class MemorySnapshots(ProcessLocal):
         assert self._node is not None
         started = self.clock()
         slots = self._node.slots(distributed.rank())
+        if self._peers is not None:
+            self._peers.wait()  # the slot written now may be the one still being sent
         slot = slots.begin()  # a process that dies from here until the commit leaves the other slot as the newest
         with rank_local_values():
             checkpoint = dump_checkpoint(trainer, weights_only=False)
@@ -180,8 +191,12 @@ class MemorySnapshots(ProcessLocal):
             tensor_shapes=tensor_shapes(checkpoint["state_dict"]),
         )
         mapped = slots.mapped_bytes(slot)
-        packed.copy_into(slots.buffer(slot, packed.nbytes))
-        slots.commit(slot, header, packed.skeleton, packed.refs)
+        buffer = slots.buffer(slot, packed.nbytes)
+        packed.copy_into(buffer)
+        meta = encode_meta(header, packed.skeleton, packed.refs)
+        slots.write_meta(slot, meta)
+        if self._peers is not None:
+            self._peers.send(meta, buffer[: packed.nbytes])
         self.last_seconds = self.clock() - started
         if mapped >= packed.nbytes:  # a snapshot that first had to allocate its memory is not a measure
             self.cadence.record_snapshot(self.last_seconds)
@@ -190,12 +205,13 @@ class MemorySnapshots(ProcessLocal):
     def _no_room(self, nbytes: int, local_ranks: int) -> str | None:
         """Why this node cannot hold two snapshots of ``nbytes`` for each of ``local_ranks`` (``None``: it can)."""
         assert self._node is not None
-        needed = SLOTS * nbytes * local_ranks
+        needed = SLOTS * nbytes * local_ranks * (2 if self._peers is not None else 1)  # with the copies kept here
         free = free_bytes(self._node.directory)
         if needed <= free:
             return None
         return (
             f"{SLOTS} snapshots of {nbytes / 2**20:.0f} MiB for each of the {local_ranks} processes of this node "
+            f"{'and for those of another node ' if self._peers is not None else ''}"
             f"need {needed / 2**20:.0f} MiB, and {self._node.directory.parent.parent} has {free / 2**20:.0f} MiB "
             "free"
         )
@@ -207,6 +223,10 @@ class MemorySnapshots(ProcessLocal):
             "LIGHTNING_SCALE_SNAPSHOT_DIR at a larger tmpfs, or pass snapshot_every_n_steps=None to silence this."
         )
         self.close(trainer)
+        if self._peers is not None:  # every rank turns them off at the same snapshot
+            self._peers.stop()
+            distributed.destroy_group(self._peers.group)
+            self._peers = None
         if self._node is not None:
             self._node.slots(distributed.rank()).clear()
         self._node = None

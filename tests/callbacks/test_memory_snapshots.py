@@ -1,17 +1,33 @@
 """Memory snapshots under torchrun: a 2-process job of a user's code (torch ``DataLoader``, ``shuffle=True``, a worker,
 dropout, randomness in ``__getitem__``, stock ``ddp``) resumes each failure from the snapshots in node-local shared
 memory, newer than its durable checkpoints, and ends bitwise equal to an uninterrupted run; a process killed in the
-middle of a snapshot leaves the one before it; finished training leaves nothing in shared memory."""
+middle of a snapshot leaves the one before it; a lost node's rank resumes from the copy of its snapshot on the other
+node; finished training leaves nothing in shared memory."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
+import socket
+import subprocess
+import time
 
 import pytest
 import torch
 
-from lightning_scale.testing import Fault, JobConfig, read_traces, run_attempt, write_job
+from lightning_scale.testing import (
+    Fault,
+    JobConfig,
+    kill_process_tree,
+    launch_command,
+    launch_environment,
+    read_job,
+    read_traces,
+    run_attempt,
+    write_job,
+)
+from lightning_scale.testing.launch import RUNNER
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
@@ -27,6 +43,12 @@ def _config(**changes) -> JobConfig:
         launch_env={"USER_CELL": '{"loader": "torch", "shuffle": "shuffle_true", "workers": 1}'},
     )
     return dataclasses.replace(config, **changes)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _first_steps(traces: dict[int, list[dict]]) -> list[int]:
@@ -70,3 +92,61 @@ def test_every_failure_resumes_from_memory_with_at_most_the_torn_step_replayed(t
         for name, tensor in expected.items():
             assert torch.equal(final[name], tensor), (rank, name)
     assert list(snapshot_root.iterdir()) == []
+
+
+def _node(job, port: int, name: str, snapshots, hosts_rendezvous: bool = False) -> subprocess.Popen:
+    """A simulated node of a 2-node job: one torchrun agent of one process, with shared memory of its own."""
+    config = read_job(job)
+    command = launch_command(
+        ["-m", RUNNER, str(job)],
+        1,
+        max_restarts=config.max_restarts,
+        nodes=2,
+        rendezvous_endpoint=f"127.0.0.1:{port}",
+        rendezvous_conf=f"is_host={int(hosts_rendezvous)}",
+    )
+    env = launch_environment(config.sys_path, **config.launch_env, LIGHTNING_SCALE_SNAPSHOT_DIR=str(snapshots))
+    with open(job.parent / f"node_{name}.txt", "w") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_for_step(out_dir, step: int, nodes: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + 120
+    while not any(r["step"] >= step for r in read_traces(out_dir, 2)[1]):
+        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in out_dir.glob("node_*.txt"))
+        assert time.monotonic() < deadline and all(n.poll() is None for n in nodes), logs
+        time.sleep(0.05)
+
+
+def test_a_lost_nodes_ranks_resume_from_the_copies_of_their_snapshots_on_the_other_node(tmp_path, snapshot_root):
+    reference = write_job(tmp_path / "reference", _config())
+    run_attempt(reference, 120, expect="finish")
+
+    env = {**_config().launch_env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # multi-node restarts need it
+    job = write_job(
+        tmp_path / "nodes",
+        _config(devices=1, distributed=True, num_nodes=2, max_restarts=3, warm_restarts=3, launch_env=env),
+    )
+    port, memory = _free_port(), {name: snapshot_root / f"node_{name}" for name in "abc"}
+    nodes = {"a": _node(job, port, "a", memory["a"], hosts_rendezvous=True), "b": _node(job, port, "b", memory["b"])}
+    try:
+        _wait_for_step(job.parent, 15, list(nodes.values()))  # the durable checkpoint is step 10's
+        kill_process_tree(nodes["b"].pid)  # the machine is gone, and its memory with it
+        nodes["b"].wait()
+        shutil.rmtree(memory["b"])
+        nodes["c"] = _node(job, port, "c", memory["c"])  # a new machine takes its place
+        assert nodes["a"].wait(timeout=180) == 0 and nodes["c"].wait(timeout=60) == 0
+    finally:
+        for node in nodes.values():
+            if node.poll() is None:
+                kill_process_tree(node.pid)
+    log = "\n".join(path.read_text(errors="replace") for path in sorted(job.parent.glob("node_*.txt")))
+    resumed = re.findall(r"Auto-resuming from the memory snapshot of step (\d+)", log)
+    assert len(resumed) == 1 and int(resumed[0]) >= 14, log[-5000:]  # newer than any durable checkpoint
+    for rank in (0, 1):
+        final = torch.load(job.parent / f"final_rank{rank}.pt", weights_only=True)
+        expected = torch.load(reference.parent / f"final_rank{rank}.pt", weights_only=True)
+        assert final.keys() == expected.keys() and final
+        for name, tensor in expected.items():
+            assert torch.equal(final[name], tensor), (rank, name)
+    assert [list(path.iterdir()) for path in (memory["a"], memory["c"])] == [[], []]  # finished: freed
