@@ -9,6 +9,7 @@ no collective), copied into this node's shared memory (:mod:`lightning_scale.sna
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -43,7 +44,7 @@ from lightning_scale.snapshot import (
 )
 from lightning_scale.snapshot.codec import tensors_from_buffer
 from lightning_scale.snapshot.peer import PeerCopies
-from lightning_scale.snapshot.slots import SLOTS, decode_meta, encode_meta
+from lightning_scale.snapshot.slots import SLOTS, decode_meta, encode_meta, slot_bytes
 from lightning_scale.strategies.pipeline_parallel import PipelineParallelStrategy
 
 __all__ = ["MemoryResume", "MemorySnapshots"]
@@ -81,6 +82,7 @@ class MemorySnapshots(ProcessLocal):
         self._node: NodeSnapshots | None = None
         self._io: ShardedAwareCheckpointIO | None = None
         self._peers: PeerCopies | None = None
+        self._warned = False
         self._room_checked = False
         self._since = 0
         self._step_seen = -1
@@ -100,6 +102,7 @@ class MemorySnapshots(ProcessLocal):
             return
         self._io, self._node = io, NodeSnapshots(job_directory(dirpath))
         self._room_checked, self._since, self._step_seen, self._last_step_end = False, 0, -1, None
+        self._warned = False
         if PeerCopies.needed(trainer.world_size, trainer.num_devices):  # each snapshot also on the next node
             group = distributed.new_group("gloo")
             self._peers = PeerCopies(self._node, trainer.global_rank, trainer.world_size, trainer.num_devices, group)
@@ -191,10 +194,14 @@ class MemorySnapshots(ProcessLocal):
             tensor_shapes=tensor_shapes(checkpoint["state_dict"]),
         )
         mapped = slots.mapped_bytes(slot)
-        buffer = slots.buffer(slot, packed.nbytes)
-        packed.copy_into(buffer)
-        meta = encode_meta(header, packed.skeleton, packed.refs)
-        slots.write_meta(slot, meta)
+        try:
+            buffer = slots.buffer(slot, packed.nbytes)
+            packed.copy_into(buffer)
+            meta = encode_meta(header, packed.skeleton, packed.refs)
+            slots.write_meta(slot, meta)
+        except OSError as err:  # shared memory filled up since: this rank goes on without this snapshot
+            self._failed(err)
+            return
         if self._peers is not None:
             self._peers.send(meta, buffer[: packed.nbytes])
         self.last_seconds = self.clock() - started
@@ -202,10 +209,21 @@ class MemorySnapshots(ProcessLocal):
             self.cadence.record_snapshot(self.last_seconds)
         self._since = 0
 
+    def _failed(self, err: OSError) -> None:
+        """A snapshot that could not be written leaves its slot empty (a restart skips that step); said once."""
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"ResumableCheckpoint: a memory snapshot of rank {distributed.rank()} could not be written ({err}); "
+                "training goes on, and a restart resumes from the newest snapshot every rank has, or from the durable "
+                "checkpoints. Give the node more shared memory (LIGHTNING_SCALE_SNAPSHOT_DIR, --shm-size).",
+                stacklevel=2,
+            )
+
     def _no_room(self, nbytes: int, local_ranks: int) -> str | None:
         """Why this node cannot hold two snapshots of ``nbytes`` for each of ``local_ranks`` (``None``: it can)."""
         assert self._node is not None
-        needed = SLOTS * nbytes * local_ranks * (2 if self._peers is not None else 1)  # with the copies kept here
+        needed = SLOTS * slot_bytes(nbytes) * local_ranks * (2 if self._peers is not None else 1)  # and copies kept
         free = free_bytes(self._node.directory)
         if needed <= free:
             return None

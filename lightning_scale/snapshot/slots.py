@@ -23,7 +23,7 @@ import torch
 
 from lightning_scale.snapshot.codec import Packed, TensorRef, as_bytes, empty_tensors, unpack
 
-__all__ = ["SLOTS", "SnapshotHeader", "SnapshotSlots", "decode_meta", "encode_meta"]
+__all__ = ["SLOTS", "SnapshotHeader", "SnapshotSlots", "decode_meta", "encode_meta", "slot_bytes"]
 
 SLOTS = 2
 _VERSION = 1
@@ -126,7 +126,7 @@ class SnapshotSlots:
             del mapping.buffer
             mapping.file.close()
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        size = max(_GROWTH, -(-nbytes // _GROWTH) * _GROWTH)
+        size = slot_bytes(nbytes)
         descriptor = os.open(self._bulk(slot), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(descriptor, size)
@@ -213,6 +213,12 @@ class SnapshotSlots:
 
     def _bulk(self, slot: int) -> Path:
         return self.directory / f"slot{slot}.bulk"
+
+
+def slot_bytes(nbytes: int) -> int:
+    """The shared memory a slot takes for a snapshot of ``nbytes`` of tensors (sized in MiB, so that a state that
+    grows a little reuses it)."""
+    return max(_GROWTH, -(-nbytes // _GROWTH) * _GROWTH)
 
 
 def encode_meta(header: SnapshotHeader, skeleton: bytes, refs: list[TensorRef]) -> bytes:
