@@ -1,8 +1,8 @@
 """Warm restarts under torchrun: a 2-process job of a user's code meets a killed process, an exception, a frozen
 (SIGSTOPped) process and a rank stuck in its ``training_step``; each time every rank's parent restarts the training
-from itself, torchrun never restarts anything (``--max-restarts 0``), and the job resumes from memory and ends bitwise
-equal to an uninterrupted run. The stuck rank is found by its peers, which wait for it, within seconds: its own
-watchdog would wait 5 minutes."""
+from itself, without torchrun, and the job resumes from memory; a spot notice then ends the job for torchrun to
+restart. Every step takes the samples of an uninterrupted run, and the job ends bitwise equal to it. The stuck rank is
+found by its peers, which wait for it, within seconds: its own watchdog would wait 5 minutes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ import re
 import pytest
 import torch
 
-from lightning_scale.testing import Fault, JobConfig, read_traces, run_attempt, torchrun_failures, write_job
+from lightning_scale.testing import (
+    CloudNotices,
+    Fault,
+    JobConfig,
+    read_traces,
+    run_attempt,
+    torchrun_failures,
+    write_job,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
@@ -40,14 +48,18 @@ def test_each_failure_is_restarted_by_the_ranks_parents_from_memory_without_torc
         Fault(step=3, rank=1, kind="SIGKILL"),
         Fault(step=6, rank=0, kind="crash"),
         Fault(step=9, rank=1, kind="SIGSTOP"),  # frozen: nothing but its parent can tell it will never go on
+        Fault(step=14, rank=0, kind="SIGTERM"),  # a spot notice: save, exit 143, torchrun restarts the job
     )
     (tmp_path / "claims").mkdir()
     stuck = {"HANG_CLAIMS": str(tmp_path / "claims"), "HANG_STEP": "1:12"}  # rank 1's training_step of step 12
-    job = write_job(tmp_path / "warm", _config(faults=faults, warm_restarts=4, max_restarts=0, launch_env=stuck))
+    job = write_job(
+        tmp_path / "warm",
+        _config(faults=faults, warm_restarts=4, max_restarts=1, launch_env=stuck, spot_preemption=CloudNotices()),
+    )
     run_attempt(job, 240, expect="finish")
     log = (job.parent / "log.txt").read_text(errors="replace")
 
-    assert torchrun_failures(log) == []  # torchrun had nothing to do
+    assert [code for _, code in torchrun_failures(log)] == [143]  # torchrun restarted the preempted job only
     reasons = re.findall(
         r"lightning-scale: (.*)\. Restarting every rank's training from its parent \(attempt (\d)\)", log
     )
@@ -63,7 +75,18 @@ def test_each_failure_is_restarted_by_the_ranks_parents_from_memory_without_torc
     firsts: dict[float, int] = {}
     for record in read_traces(job.parent, 2)[0]:
         firsts.setdefault(record["attempt"], record["step"])
-    assert [firsts[a] for a in sorted(firsts)] == [1, 4, 7, 10, 12]  # no step replayed
+    assert [firsts[a] for a in sorted(firsts)] == [1, 4, 7, 10, 12, 16]  # no step replayed
+    expected_steps = {
+        (r["step"], rank): r for rank, records in read_traces(reference.parent, 2).items() for r in records
+    }
+    for rank, records in read_traces(job.parent, 2).items():
+        for record in records:  # the same samples, batch and loss at every step of every attempt
+            same = expected_steps[(record["step"], rank)]
+            assert (record["sample_ids"], record["batch"], record["loss"]) == (
+                same["sample_ids"],
+                same["batch"],
+                same["loss"],
+            ), (rank, record["step"])
     for rank in (0, 1):
         final = torch.load(job.parent / f"final_rank{rank}.pt", weights_only=True)
         expected = torch.load(reference.parent / f"final_rank{rank}.pt", weights_only=True)
