@@ -11,7 +11,9 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,11 +61,32 @@ def _first_steps(traces: dict[int, list[dict]]) -> list[int]:
     return [firsts[attempt] for attempt in sorted(firsts)]
 
 
-def test_every_failure_resumes_from_memory_with_at_most_the_torn_step_replayed(tmp_path, snapshot_root):
-    reference = write_job(tmp_path / "reference", _config())
-    run_attempt(reference, 120, expect="finish")
-    assert list(snapshot_root.iterdir()) == []  # a finished fit removes its snapshots
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run of the jobs below (its snapshots in a shared memory folder of its own)."""
+    memory = Path(tempfile.mkdtemp(prefix="lightning-scale-test-", dir="/dev/shm"))
+    job = write_job(
+        tmp_path_factory.mktemp("reference"),
+        _config(launch_env={**_config().launch_env, "LIGHTNING_SCALE_SNAPSHOT_DIR": str(memory)}),
+    )
+    try:
+        run_attempt(job, 120, expect="finish")
+        assert list(memory.iterdir()) == []  # a finished fit removes its snapshots
+    finally:
+        shutil.rmtree(memory, ignore_errors=True)
+    return job
 
+
+def _assert_bitwise_equal(job: Path, reference: Path) -> None:
+    for rank in (0, 1):
+        final = torch.load(job.parent / f"final_rank{rank}.pt", weights_only=True)
+        expected = torch.load(reference.parent / f"final_rank{rank}.pt", weights_only=True)
+        assert final.keys() == expected.keys() and final
+        for name, tensor in expected.items():
+            assert torch.equal(final[name], tensor), (rank, name)
+
+
+def test_every_failure_resumes_from_memory_with_at_most_the_torn_step_replayed(tmp_path, snapshot_root, reference):
     faults = (
         Fault(step=4, rank=1, kind="SIGKILL"),  # a lost process: the snapshot of step 4 is in memory
         Fault(step=8, rank=0, kind="crash"),  # an exception in training
@@ -85,12 +108,7 @@ def test_every_failure_resumes_from_memory_with_at_most_the_torn_step_replayed(t
     ]
     assert resumed == [4, 8, 12], log[-4000:]  # rank 1's step-13 snapshot was torn: both ranks take step 12's
     assert _first_steps(read_traces(job.parent, 2)) == [1, 5, 9, 13]  # nothing replayed but the torn step
-    for rank in (0, 1):
-        final = torch.load(job.parent / f"final_rank{rank}.pt", weights_only=True)
-        expected = torch.load(reference.parent / f"final_rank{rank}.pt", weights_only=True)
-        assert final.keys() == expected.keys() and final
-        for name, tensor in expected.items():
-            assert torch.equal(final[name], tensor), (rank, name)
+    _assert_bitwise_equal(job, reference)
     assert list(snapshot_root.iterdir()) == []
 
 
@@ -118,10 +136,9 @@ def _wait_for_step(out_dir, step: int, nodes: list[subprocess.Popen]) -> None:
         time.sleep(0.05)
 
 
-def test_a_lost_nodes_ranks_resume_from_the_copies_of_their_snapshots_on_the_other_node(tmp_path, snapshot_root):
-    reference = write_job(tmp_path / "reference", _config())
-    run_attempt(reference, 120, expect="finish")
-
+def test_a_lost_nodes_ranks_resume_from_the_copies_of_their_snapshots_on_the_other_node(
+    tmp_path, snapshot_root, reference
+):
     env = {**_config().launch_env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # multi-node restarts need it
     job = write_job(
         tmp_path / "nodes",
@@ -143,10 +160,5 @@ def test_a_lost_nodes_ranks_resume_from_the_copies_of_their_snapshots_on_the_oth
     log = "\n".join(path.read_text(errors="replace") for path in sorted(job.parent.glob("node_*.txt")))
     resumed = re.findall(r"Auto-resuming from the memory snapshot of step (\d+)", log)
     assert len(resumed) == 1 and int(resumed[0]) >= 14, log[-5000:]  # newer than any durable checkpoint
-    for rank in (0, 1):
-        final = torch.load(job.parent / f"final_rank{rank}.pt", weights_only=True)
-        expected = torch.load(reference.parent / f"final_rank{rank}.pt", weights_only=True)
-        assert final.keys() == expected.keys() and final
-        for name, tensor in expected.items():
-            assert torch.equal(final[name], tensor), (rank, name)
+    _assert_bitwise_equal(job, reference)
     assert [list(path.iterdir()) for path in (memory["a"], memory["c"])] == [[], []]  # finished: freed
