@@ -3,16 +3,26 @@
 
 Every worker forked from it inherits a SIGUSR2 handler that dumps its threads' stacks, which is how
 ``WorkerStartWatchdog`` shows where a worker that never delivered a batch is stuck. In the forkserver only (tools such
-as pytest's doctest collection import every module), the preloaded objects are then frozen out of the cyclic garbage
-collector (``gc.freeze``, made for processes that fork): workers do not touch their pages when the collector runs,
-and the server's own exit skips collecting them (about 1 s of CPU per rank).
+as pytest's doctest collection import every module):
+
+- the preloaded objects are frozen out of the cyclic garbage collector (``gc.freeze``, made for processes that fork):
+  workers do not touch their pages when the collector runs, and the server's own exit skips collecting them (about
+  1 s of CPU per rank);
+- the forkserver dies with the rank that started it. A rank killed with SIGKILL (the OOM killer, a lost process)
+  otherwise leaves its forkserver running, and the workers forked from it too: a DataLoader worker watches for its
+  parent's death, and a forkserver worker's parent is the forkserver. Once the forkserver is gone, its workers see it
+  and exit.
 """
 
 import faulthandler
 import gc
+import os
 import signal
 import traceback
+
+from lightning_scale._linux import die_with_parent
 
 faulthandler.register(signal.SIGUSR2, all_threads=True)
 if any(frame.filename.endswith("multiprocessing/forkserver.py") for frame in traceback.extract_stack()):
     gc.freeze()
+    die_with_parent(os.getppid())

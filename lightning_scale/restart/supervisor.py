@@ -22,7 +22,6 @@ them, and end the parent once the child exited.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -33,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_scale import distributed, knobs
+from lightning_scale._linux import die_with_parent
 from lightning_scale._python_internals import run_exit_functions
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
 from lightning_scale.restart import beacon
@@ -59,7 +59,6 @@ FINAL_EXIT_CODES = frozenset({0, USAGE_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE})
 """Exit codes of a training process that end its parent too: done, a usage error, a preemption."""
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
-_PR_SET_PDEATHSIG = 1
 
 
 def warm_restarts_apply(max_restarts: int) -> bool:
@@ -212,7 +211,7 @@ class Supervisor:
         code = 1
         try:
             os.setpgid(0, 0)
-            _die_with(parent)
+            die_with_parent(parent)
             for sig in _FORWARDED:
                 signal.signal(sig, signal.SIG_DFL)
             os.environ["MASTER_PORT"] = str(port)  # a store of this attempt's own, hosted by rank 0's child
@@ -268,14 +267,6 @@ def _run(attempt: Callable[[], None]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
-
-
-def _die_with(parent: int) -> None:
-    """Have the kernel kill this process when its parent dies (Linux), and exit now if it already did."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _exit_code(status: int) -> int:

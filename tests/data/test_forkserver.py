@@ -1,0 +1,58 @@
+"""A rank killed with SIGKILL leaves none of its DataLoader's forkserver processes behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+_RANK = """
+import os, signal, sys
+sys.path[:0] = {path!r}
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from lightning_scale.data.forkserver import safe_worker_context
+
+if __name__ == "__main__":
+    data = TensorDataset(torch.randn(1000, 4))
+    context = safe_worker_context(DataLoader(data, batch_size=4, num_workers=2), "loader")
+    batches = iter(DataLoader(data, batch_size=4, num_workers=2, multiprocessing_context=context))
+    next(batches)  # the forkserver and both workers run
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _marked(marker: str) -> list[int]:
+    """Live processes whose environment carries ``marker`` (every process the rank started inherits it)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if marker.encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_the_forkserver_and_its_workers_die_with_a_killed_rank(tmp_path):
+    marker = f"LIGHTNING_SCALE_TEST_MARK={uuid.uuid4().hex}"
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(_RANK.format(path=sys.path)))
+    env = {**os.environ, "LIGHTNING_SCALE_TEST_MARK": marker.split("=")[1]}
+    done = subprocess.run([sys.executable, str(script)], env=env, timeout=90)
+    assert done.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 30  # DataLoader workers look for their parent every few seconds
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _marked(marker)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == []
