@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := requirements/constraints-cpu.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bytecode clean
+.PHONY: demo test lint bench gpu-check bytecode clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test: lint bytecode
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+
+# What one lent GPU can show (skipped, with the reason, without CUDA): a memory snapshot/restore cycle on CUDA.
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_snapshot.py
 
 clean:
 	rm -rf $(VENV) runs

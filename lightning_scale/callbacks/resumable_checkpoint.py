@@ -320,6 +320,11 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             self._save_last_checkpoint(trainer, candidates)
 
     @property
+    def last_snapshot_seconds(self) -> float | None:
+        """Time training waited for this rank's latest memory snapshot (``None``: none taken)."""
+        return None if self._snapshots is None else self._snapshots.last_seconds
+
+    @property
     def save_in_flight(self) -> bool:
         """Whether a background save of this rank (``async_save``) is still being written."""
         return self._saver is not None and self._saver.busy
