@@ -93,7 +93,7 @@ parent before it leaves the failure to torchrun (0: every failure goes to torchr
 WARM_POLL_S = _float("WARM_POLL_S", 0.05)
 """How often a warm-restart parent looks at its training process and at its peers' news."""
 
-WARM_PEER_TIMEOUT_S = _float("WARM_PEER_TIMEOUT_S", 3.0)
+WARM_PEER_TIMEOUT_S = _float("WARM_PEER_TIMEOUT_S", 2.0)
 """A warm-restart parent whose heartbeat stood still this long is gone (its node was lost)."""
 
 WARM_READY_TIMEOUT_S = _float("WARM_READY_TIMEOUT_S", 30.0)

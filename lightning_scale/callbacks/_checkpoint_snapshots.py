@@ -88,10 +88,6 @@ class MemorySnapshots(ProcessLocal):
         self._step_seen = -1
         self._last_step_end: float | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return self._node is not None
-
     def setup(self, trainer: pl.Trainer, dirpath: str) -> None:
         """Snapshot this fit: under DDP (``ddp``, ``data_parallel``) and on one device, where each rank's checkpoint
         is its own state as it is (``model_parallel`` and ``pipeline_parallel`` are not covered)."""

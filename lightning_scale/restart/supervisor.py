@@ -171,7 +171,7 @@ class Supervisor:
                 self.child = None
                 return _exit_code(status), f"rank {self.rank}'s training process {_how_it_ended(status)}"
             now = time.monotonic()
-            if now - beat_at >= self.peer_timeout_s / 4:
+            if now - beat_at >= min(0.25, self.peer_timeout_s / 4):
                 self.board.beat()
                 self.board.publish_progress(attempt, self._beacon.read())
                 beat_at = now

@@ -190,7 +190,8 @@ class SnapshotSlots:
         """Unmap the buffers (the files stay); safe to call twice."""
         for mapping in self._mappings.values():
             del mapping.buffer
-            mapping.file.close()
+            with contextlib.suppress(BufferError):  # a view is still in use (a copy being received): unmapped later
+                mapping.file.close()
         self._mappings.clear()
 
     def clear(self) -> None:
