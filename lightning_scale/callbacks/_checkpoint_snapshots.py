@@ -45,6 +45,7 @@ from lightning_scale.snapshot import (
 from lightning_scale.snapshot.codec import tensors_from_buffer
 from lightning_scale.snapshot.peer import PeerCopies
 from lightning_scale.snapshot.slots import SLOTS, decode_meta, encode_meta, slot_bytes
+from lightning_scale.strategies.data_parallel import DataParallelStrategy
 from lightning_scale.strategies.pipeline_parallel import PipelineParallelStrategy
 
 __all__ = ["MemoryResume", "MemorySnapshots"]
@@ -82,6 +83,7 @@ class MemorySnapshots(ProcessLocal):
         self._node: NodeSnapshots | None = None
         self._io: ShardedAwareCheckpointIO | None = None
         self._peers: PeerCopies | None = None
+        self._portable = False
         self._warned = False
         self._room_checked = False
         self._since = 0
@@ -97,6 +99,8 @@ class MemorySnapshots(ProcessLocal):
         if not supported or not isinstance(io, ShardedAwareCheckpointIO):
             return
         self._io, self._node = io, NodeSnapshots(job_directory(dirpath))
+        sharded = isinstance(strategy, DataParallelStrategy) and (strategy.zero_stage or strategy.grad_compression)
+        self._portable = not sharded  # ZeRO shares and PowerSGD's error feedback differ per rank
         self._room_checked, self._since, self._step_seen, self._last_step_end = False, 0, -1, None
         self._warned = False
         if PeerCopies.needed(trainer.world_size, trainer.num_devices):  # each snapshot also on the next node
@@ -188,6 +192,7 @@ class MemorySnapshots(ProcessLocal):
             nbytes=packed.nbytes,
             created_unix=time.time(),
             tensor_shapes=tensor_shapes(checkpoint["state_dict"]),
+            portable=self._portable,
         )
         mapped = slots.mapped_bytes(slot)
         try:
@@ -258,25 +263,26 @@ class MemorySnapshots(ProcessLocal):
             return None
         rank = distributed.rank()
         received = self._transfer(plan)
-        local = self._node.find(rank, plan.key, plan.run_id)
+        loads = plan.loads[rank]  # this rank's own old rank, or rank 0 on another world size
+        local = self._node.find(loads, plan.key, plan.run_id)
         state: Any = None
         try:
             if received is not None:
                 _, skeleton, refs = decode_meta(received[0])
                 state = unpack(skeleton, refs, tensors_from_buffer(refs, received[1]))
             else:
-                _, state = self._node.slots(rank).read(local)  # type: ignore[arg-type]
+                _, state = self._node.slots(loads).read(local)  # type: ignore[arg-type]
         except (OSError, ValueError, EOFError) as err:
             rank_zero_warn(f"ResumableCheckpoint: a memory snapshot could not be read ({err}).")
         if not distributed.all_ranks(state is not None):  # a snapshot gone since it was listed
             return None
         checkpoint = put_rank_local(
-            state["checkpoint"], lambda r: state["rank_local"] if r == rank else self._rank_local(r, plan)
+            state["checkpoint"], lambda r: state["rank_local"] if r == loads else self._rank_local(r, plan)
         )
         if received is not None:
             path = f"a memory snapshot of step {plan.step} received from rank {plan.sources[rank]}'s node"
         else:
-            path = str(self._node.slots(rank).directory / f"slot{local}.meta")
+            path = str(self._node.slots(loads).directory / f"slot{local}.meta")
         self._io.preload(path, checkpoint)
         for held in self._node.ranks():  # snapshots ahead of this one are of a trajectory that is not resumed
             self._node.slots(held).discard(lambda h: h.key <= plan.key)
@@ -293,8 +299,9 @@ class MemorySnapshots(ProcessLocal):
         try:
             for sender, receiver in transfers:
                 if rank == sender:
-                    slot = self._node.find(receiver, plan.key, plan.run_id)
-                    meta, buffer = self._node.slots(receiver).read_raw(slot)  # type: ignore[arg-type]
+                    wanted = plan.loads[receiver]
+                    slot = self._node.find(wanted, plan.key, plan.run_id)
+                    meta, buffer = self._node.slots(wanted).read_raw(slot)  # type: ignore[arg-type]
                     meta_blob = torch.frombuffer(bytearray(meta), dtype=torch.uint8)
                     distributed.send_blobs([meta_blob, buffer], receiver, group)
                 elif rank == receiver:

@@ -2,9 +2,15 @@
 
 Every rank lists the snapshots its node holds (its own ranks' and the copies it keeps for ranks on other nodes); the
 lists are gathered on every rank, and :func:`plan_restore` — the same pure function on the same input everywhere —
-picks the newest ``(generation, step)`` for which every rank of the new world finds its own old rank's snapshot on
-some node, unless the newest durable checkpoint is newer. Each rank then reads its snapshot from its own node, or
-receives it from a rank whose node holds it.
+picks the newest ``(generation, step)`` that every rank of the new world can load, unless the newest durable
+checkpoint is newer:
+
+- on the world size that wrote it, rank ``r`` loads old rank ``r``'s snapshot;
+- on another world size (an elastic job that lost or gained nodes), only a snapshot whose state every rank holds
+  whole (``portable``: ``ddp``-like strategies without ZeRO or PowerSGD) is used: every rank loads old rank 0's,
+  whose data position is the one an epoch resumed elsewhere starts from (``DataStateCheckpoint``).
+
+Each rank then reads its snapshot from its own node, or receives it from a rank whose node holds it.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ __all__ = ["RestorePlan", "plan_restore"]
 
 @dataclasses.dataclass(frozen=True)
 class RestorePlan:
-    """Resume from memory: the snapshots of ``run_id`` at ``key`` (``(generation, step)``), rank ``r`` reading its
-    own from the node of rank ``sources[r]`` (``r`` itself when its node holds it)."""
+    """Resume from memory: the snapshots of ``run_id`` at ``key`` (``(generation, step)``); rank ``r`` loads old rank
+    ``loads[r]``'s snapshot from the node of rank ``sources[r]`` (``r`` itself when its node holds it)."""
 
     key: tuple[int, int]
     run_id: str
+    loads: list[int]
     sources: list[int]
-    header: SnapshotHeader  # rank 0's, for the banner
+    header: SnapshotHeader  # old rank 0's, for the banner
 
     @property
     def step(self) -> int:
@@ -40,35 +47,43 @@ def plan_restore(
     inventories: Sequence[Sequence[SnapshotHeader]], durable: tuple[int, int] | None
 ) -> RestorePlan | None:
     """The memory snapshot to resume from, given what each rank's node holds (``inventories[r]``, listed by rank
-    ``r``), or ``None``: no snapshot every rank can load of this world size, or the durable checkpoint at
-    ``durable`` (``(generation, step)``) is newer. A snapshot as new as the durable checkpoint is preferred: it loads
-    faster.
+    ``r``), or ``None``: no snapshot every rank can load, or the durable checkpoint at ``durable``
+    (``(generation, step)``) is newer. A snapshot as new as the durable checkpoint is preferred (it loads faster), and
+    one of this world size over one of another.
 
     Example:
-        >>> def h(rank, step): return SnapshotHeader(rank, 2, step, 0, 0, "run", 0, 0.0, {})
+        >>> def h(rank, step, world=2): return SnapshotHeader(rank, world, step, 0, 0, "run", 0, 0.0, {}, True)
         >>> plan = plan_restore([[h(0, 4), h(0, 6), h(1, 6)], [h(1, 4)]], durable=(0, 2))
-        >>> plan.step, plan.sources, plan.transfers()  # rank 1's step-6 snapshot is on rank 0's node only
-        (6, [0, 0], [(0, 1)])
+        >>> plan.step, plan.loads, plan.sources, plan.transfers()  # rank 1's step-6 snapshot is on rank 0's node
+        (6, [0, 1], [0, 0], [(0, 1)])
         >>> plan_restore([[h(0, 4)], [h(1, 4)]], durable=(0, 5)) is None
         True
+        >>> plan_restore([[h(0, 8, world=4), h(2, 8, world=4)]], durable=(0, 5)).loads  # on 1 process: rank 0's
+        [0]
     """
     world = len(inventories)
-    holders: dict[tuple[tuple[int, int], str], dict[int, list[int]]] = {}
-    headers: dict[tuple[tuple[int, int], str], SnapshotHeader] = {}
+    holders: dict[
+        tuple[tuple[int, int], str, int], dict[int, list[int]]
+    ] = {}  # (key, run, old world) -> rank -> holders
+    headers: dict[tuple[tuple[int, int], str, int], SnapshotHeader] = {}
     for holder, listed in enumerate(inventories):
         for header in listed:
-            if header.world_size != world or not 0 <= header.rank < world:
-                continue
-            found = (header.key, header.run_id)
+            found = (header.key, header.run_id, header.world_size)
             holders.setdefault(found, {}).setdefault(header.rank, []).append(holder)
             if header.rank == 0:
                 headers[found] = header
-    complete = [found for found, ranks in holders.items() if len(ranks) == world]
-    if not complete:
+    plans = []
+    for found, ranks in holders.items():
+        key, run_id, old_world = found
+        if old_world == world and len(ranks) == world:
+            loads = list(range(world))
+        elif old_world != world and 0 in ranks and headers[found].portable:
+            loads = [0] * world
+        else:
+            continue
+        sources = [rank if rank in ranks[old] else min(ranks[old]) for rank, old in enumerate(loads)]
+        plans.append(((key, old_world == world, run_id), RestorePlan(key, run_id, loads, sources, headers[found])))
+    if not plans:
         return None
-    key, run_id = max(complete)
-    if durable is not None and durable > key:
-        return None
-    ranks = holders[(key, run_id)]
-    sources = [rank if rank in ranks[rank] else min(ranks[rank]) for rank in range(world)]
-    return RestorePlan(key, run_id, sources, headers[(key, run_id)])
+    _, plan = max(plans, key=lambda item: item[0])
+    return None if durable is not None and durable > plan.key else plan

@@ -44,6 +44,8 @@ class SnapshotHeader:
         nbytes: Bytes of its tensors.
         created_unix: When it was taken.
         tensor_shapes: Shape of every tensor of the model's state dict.
+        portable: Every rank holds the whole state (no shard of its own): a snapshot of any rank resumes any rank of
+            another world size.
     """
 
     rank: int
@@ -55,6 +57,7 @@ class SnapshotHeader:
     nbytes: int
     created_unix: float
     tensor_shapes: dict[str, list[int]]
+    portable: bool = False
 
     @property
     def key(self) -> tuple[int, int]:

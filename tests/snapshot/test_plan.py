@@ -6,8 +6,10 @@ from lightning_scale.snapshot.plan import plan_restore
 from lightning_scale.snapshot.slots import SnapshotHeader
 
 
-def _h(rank: int, step: int, world: int = 2, generation: int = 0, run_id: str = "run") -> SnapshotHeader:
-    return SnapshotHeader(rank, world, step, 0, generation, run_id, 0, 0.0, {})
+def _h(
+    rank: int, step: int, world: int = 2, generation: int = 0, run_id: str = "run", portable: bool = False
+) -> SnapshotHeader:
+    return SnapshotHeader(rank, world, step, 0, generation, run_id, 0, 0.0, {}, portable)
 
 
 def test_the_newest_step_every_rank_has_wins_and_each_rank_reads_its_own_where_its_node_holds_it():
@@ -36,3 +38,20 @@ def test_snapshots_of_another_world_size_generation_or_run_do_not_mix():
     plan = plan_restore([[_h(0, 9), _h(0, 2, generation=1)], [_h(1, 9), _h(1, 2, generation=1)]], durable=None)
     assert plan is not None and plan.key == (1, 2)
     assert plan_restore([[], []], durable=None) is None
+
+
+def test_on_another_world_size_every_rank_loads_old_rank_zeros_snapshot_when_every_rank_held_the_whole_state():
+    # 2 processes lost one: the one left holds old rank 0's (its own or a copy) and old rank 1's
+    portable = [[_h(0, 8, portable=True), _h(1, 8, portable=True), _h(0, 6, portable=True)]]
+    plan = plan_restore(portable, durable=(0, 6))
+    assert plan is not None and plan.step == 8 and plan.loads == [0] and plan.transfers() == []
+    # grown back to 3: the new ranks 1 and 2 receive old rank 0's snapshot from rank 0's node
+    plan = plan_restore([[_h(0, 8, world=1, portable=True)], [], []], durable=None)
+    assert plan is not None and plan.loads == [0, 0, 0] and plan.transfers() == [(0, 1), (0, 2)]
+    # ZeRO shares or old rank 0's snapshot missing: durable checkpoints
+    assert plan_restore([[_h(0, 8), _h(1, 8)]], durable=(0, 6)) is None
+    assert plan_restore([[_h(1, 8, portable=True)]], durable=(0, 6)) is None
+    # a snapshot of this world size wins over one as new of another
+    mixed = [[_h(0, 8, world=1, portable=True), _h(0, 8, world=2, portable=True)], [_h(1, 8, world=2, portable=True)]]
+    plan = plan_restore(mixed, durable=None)
+    assert plan is not None and plan.loads == [0, 1] and plan.header.world_size == 2
