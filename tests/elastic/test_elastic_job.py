@@ -47,6 +47,7 @@ LOSS_TOLERANCE = 1e-5  # relative, per step: the same samples per step, summed i
 # epoch's last, shorter accumulation window, so where an epoch ends in a partial global batch its last step weighs
 # 1/accumulation less on fewer processes (measured with 100 samples: equal up to that step, within 8 % after it).
 TIMEOUT_S = 120.0
+FAST_RENDEZVOUS = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"  # the README's settings
 
 
 def _config(**changes) -> JobConfig:
@@ -79,7 +80,7 @@ class Node:
             max_restarts=config.max_restarts,
             nodes="1:2",
             rendezvous_endpoint=f"127.0.0.1:{port}",
-            rendezvous_conf=f"is_host={int(hosts_rendezvous)},last_call_timeout=2",
+            rendezvous_conf=f"is_host={int(hosts_rendezvous)},{FAST_RENDEZVOUS}",
         )
         self.log = job.parent / f"node_{name}.txt"
         with open(self.log, "w") as log:
