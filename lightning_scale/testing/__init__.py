@@ -4,6 +4,7 @@ them (``torchrun``, real processes), with faults injected at a known rank and st
 from lightning_scale.testing.exact_resume import (
     ResumeReport,
     assert_exact_resume,
+    assert_same_final_weights,
     read_traces,
     run_interrupted_and_reference,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "ResumeReport",
     "StepClock",
     "assert_exact_resume",
+    "assert_same_final_weights",
     "kill_process_tree",
     "launch_command",
     "launch_environment",

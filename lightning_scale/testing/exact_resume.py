@@ -199,3 +199,18 @@ def read_traces(out_dir: str | Path, devices: int) -> dict[int, list[dict[str, A
         path = Path(out_dir) / f"trace_rank{rank}.jsonl"
         traces[rank] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return traces
+
+
+def assert_same_final_weights(out_dir: str | Path, reference_dir: str | Path, devices: int) -> None:
+    """Every rank's final weights of the runner job in ``out_dir`` equal, bit for bit, those of the job in
+    ``reference_dir`` (the same tensor names, none missing, at least one).
+
+    Raises:
+        AssertionError: Naming the rank and the first tensor that differs.
+    """
+    for rank in range(devices):
+        final = torch.load(Path(out_dir) / f"final_rank{rank}.pt", weights_only=True)
+        expected = torch.load(Path(reference_dir) / f"final_rank{rank}.pt", weights_only=True)
+        assert expected and final.keys() == expected.keys(), (rank, sorted(final), sorted(expected))
+        for name, tensor in expected.items():
+            assert torch.equal(final[name], tensor), f"rank {rank}: {name} differs from the reference run's"

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from lightning_scale.testing import (
     Fault,
     JobConfig,
+    assert_same_final_weights,
     kill_process_tree,
     launch_command,
     launch_environment,
@@ -77,15 +77,6 @@ def reference(tmp_path_factory) -> Path:
     return job
 
 
-def _assert_bitwise_equal(job: Path, reference: Path) -> None:
-    for rank in (0, 1):
-        final = torch.load(job.parent / f"final_rank{rank}.pt", weights_only=True)
-        expected = torch.load(reference.parent / f"final_rank{rank}.pt", weights_only=True)
-        assert final.keys() == expected.keys() and final
-        for name, tensor in expected.items():
-            assert torch.equal(final[name], tensor), (rank, name)
-
-
 def test_every_failure_resumes_from_memory_with_at_most_the_torn_step_replayed(tmp_path, snapshot_root, reference):
     faults = (
         Fault(step=4, rank=1, kind="SIGKILL"),  # a lost process: the snapshot of step 4 is in memory
@@ -108,7 +99,7 @@ def test_every_failure_resumes_from_memory_with_at_most_the_torn_step_replayed(t
     ]
     assert resumed == [4, 8, 12], log[-4000:]  # rank 1's step-13 snapshot was torn: both ranks take step 12's
     assert _first_steps(read_traces(job.parent, 2)) == [1, 5, 9, 13]  # nothing replayed but the torn step
-    _assert_bitwise_equal(job, reference)
+    assert_same_final_weights(job.parent, reference.parent, 2)
     assert list(snapshot_root.iterdir()) == []
 
 
@@ -160,5 +151,5 @@ def test_a_lost_nodes_ranks_resume_from_the_copies_of_their_snapshots_on_the_oth
     log = "\n".join(path.read_text(errors="replace") for path in sorted(job.parent.glob("node_*.txt")))
     resumed = re.findall(r"Auto-resuming from the memory snapshot of step (\d+)", log)
     assert len(resumed) == 1 and int(resumed[0]) >= 14, log[-5000:]  # newer than any durable checkpoint
-    _assert_bitwise_equal(job, reference)
+    assert_same_final_weights(job.parent, reference.parent, 2)
     assert [list(path.iterdir()) for path in (memory["a"], memory["c"])] == [[], []]  # finished: freed

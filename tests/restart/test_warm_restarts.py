@@ -10,12 +10,12 @@ import dataclasses
 import re
 
 import pytest
-import torch
 
 from lightning_scale.testing import (
     CloudNotices,
     Fault,
     JobConfig,
+    assert_same_final_weights,
     read_traces,
     run_attempt,
     torchrun_failures,
@@ -87,10 +87,5 @@ def test_each_failure_is_restarted_by_the_ranks_parents_from_memory_without_torc
                 same["batch"],
                 same["loss"],
             ), (rank, record["step"])
-    for rank in (0, 1):
-        final = torch.load(job.parent / f"final_rank{rank}.pt", weights_only=True)
-        expected = torch.load(reference.parent / f"final_rank{rank}.pt", weights_only=True)
-        assert final.keys() == expected.keys() and final
-        for name, tensor in expected.items():
-            assert torch.equal(final[name], tensor), (rank, name)
+    assert_same_final_weights(job.parent, reference.parent, 2)
     assert list(snapshot_root.iterdir()) == []
