@@ -6,9 +6,9 @@ torchrun started for a rank, SIGSTOP of a rank's training process, node ``b`` lo
 generator. A fault is injected ``interval_s`` after the job's first step, each next one ``interval_s`` after the
 previous one, or once the job trains again, if later. What the world would do where a job does not act by itself:
 
-- a frozen process still there ``interval_s`` after its fault, the job not trained again, is SIGKILLed (an
-  operator's kill); so is a notified one after ``max(interval_s, 30 s)`` (its machine reclaimed: 30 s after a GCP
-  notice, 2 minutes after an AWS one);
+- a frozen or notified process still there ``interval_s`` (at least 5 s) after its fault, the job not trained again,
+  is SIGKILLed: an operator's kill, the notified machine reclaimed (30 s after a GCP notice, 2 minutes after an AWS
+  one);
 - a job that cannot finish (a node's workers exited 0 before the last step: stock Lightning's ``SIGTERMException``
   is a ``SystemExit``, which torchrun takes for success) is stopped and submitted again at once, on the same nodes
   (an orchestrator's or a person's resubmission; torchrun alone would wait 300 s in its exit barrier, then end).
@@ -26,7 +26,7 @@ from typing import Any
 from _goodput_cluster import Cluster
 
 KINDS = ("SIGKILL", "SIGTERM", "SIGSTOP", "node")
-NOTICE_S = 30.0  # a notified machine is reclaimed this long after its notice, at the soonest
+MIN_ALLOWANCE_S = 5.0  # a frozen or notified process is SIGKILLed this long after its fault at the soonest
 
 
 def trace(faults: int, seed: int) -> list[dict[str, Any]]:
@@ -87,7 +87,7 @@ def _end_if_stuck(cluster: Cluster, fault: dict[str, Any] | None, interval_s: fl
     """A frozen or notified process still there after its allowance, the job not trained again: SIGKILL."""
     if fault is None or fault["kind"] not in ("SIGSTOP", "SIGTERM") or "ended_by_driver" in fault:
         return
-    allowance_s = interval_s if fault["kind"] == "SIGSTOP" else max(interval_s, NOTICE_S)
+    allowance_s = max(interval_s, MIN_ALLOWANCE_S)
     if time.time() >= fault["t"] + allowance_s and not _recovered(cluster, fault):
         fault["ended_by_driver"] = None
         with contextlib.suppress(ProcessLookupError):

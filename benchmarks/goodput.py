@@ -76,7 +76,7 @@ class Config:
 
 
 FULL = Config(width=2048, depth=4, interval_s=60.0, faults=4, rounds=1, every=50, overhead_rounds=6,
-              overhead_steps=100)  # fmt: skip
+              overhead_steps=150)  # fmt: skip
 QUICK = Config(width=256, depth=2, interval_s=1.5, faults=4, rounds=1, every=10, overhead_rounds=1, overhead_steps=20)
 
 
