@@ -108,7 +108,7 @@ class Supervisor:
         self.group: int | None = None  # its process group, until killed (its DataLoader workers may outlive it)
         self.received: int | None = None  # a signal that ends this parent once its child exited
         self._board: AttemptBoard | None = None
-        self._beacon = beacon.Beacon()
+        self._beacon = beacon.install()  # before any child is forked: each child marks its progress there
 
     @property
     def board(self) -> AttemptBoard:
@@ -130,7 +130,6 @@ class Supervisor:
     def run(self) -> int:
         for sig in _FORWARDED:
             signal.signal(sig, self._forward)
-        self._beacon = beacon.install()
         code = 1
         for attempt in range(self.max_restarts + 1):
             if self.rank == 0:
@@ -282,5 +281,5 @@ def _how_it_ended(status: int) -> str:
 
 def _free_port(host: str) -> int:
     with socket.socket() as probe:
-        probe.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
+        probe.bind(("127.0.0.1" if host == "localhost" else host, 0))
         return int(probe.getsockname()[1])
