@@ -1,4 +1,5 @@
-"""A process that must not outlive its parent: the Linux parent-death signal."""
+"""Linux process relations: a process that must not outlive its parent (the parent-death signal), and who is whose
+parent (``/proc``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import contextlib
 import ctypes
 import os
 import signal
+from pathlib import Path
 
-__all__ = ["die_with_parent"]
+__all__ = ["die_with_parent", "parent_ids"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -21,3 +23,16 @@ def die_with_parent(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
+
+
+def parent_ids() -> dict[int, int]:
+    """Every live process's id and its parent's, from ``/proc``."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # the fields after the command's name, which may hold spaces and parentheses: state, then the parent's id
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        parents[int(stat.parent.name)] = int(fields[1])
+    return parents

@@ -5,16 +5,65 @@
    (the objects it inherited from its parent, such as a store server whose thread lives only in the parent, must not
    be finalised), but what the training registered to run at exit (W&B finishing its run files) still has to run.
 
-``tests/test_python_internals.py`` fails loudly when a Python upgrade moves it.
+2. ``forkserver_pid`` and ``adopt_forkserver``: ``multiprocessing.forkserver._forkserver``, the module's one
+   ``ForkServer``, and its ``_lock``, ``_forkserver_pid``, ``_forkserver_address`` and ``_forkserver_alive_fd``. A
+   warm-restart child uses the forkserver its parent started
+   (:func:`lightning_scale.data.forkserver.start_forkserver`), which it inherits as these fields; but
+   ``ForkServer.ensure_running`` asks ``os.waitpid`` whether the server lives, which only the server's parent may (the
+   child, its sibling, gets ``ChildProcessError``). The adopted server's ``ensure_running`` looks at ``/proc``
+   instead, and forgets a server that is gone, so that a new one is started.
+
+``tests/test_python_internals.py`` fails loudly when a Python upgrade moves them.
 """
 
 from __future__ import annotations
 
 import atexit
+import multiprocessing.forkserver
+import os
+from multiprocessing import resource_tracker
+from typing import Any
 
-__all__ = ["run_exit_functions"]
+__all__ = ["adopt_forkserver", "forkserver_pid", "run_exit_functions"]
 
 
 def run_exit_functions() -> None:
     """Run (and clear) the functions registered with ``atexit``, as interpreter shutdown would."""
     atexit._run_exitfuncs()
+
+
+def forkserver_pid() -> int | None:
+    """The process id of the forkserver this process started or inherited, ``None`` before one was started."""
+    server: Any = multiprocessing.forkserver._forkserver
+    return None if server._forkserver_pid is None else int(server._forkserver_pid)
+
+
+def adopt_forkserver() -> None:
+    """In a process forked from the one that started multiprocessing's forkserver: use that server for this process's
+    forkserver workers (a no-op where none was started)."""
+    server: Any = multiprocessing.forkserver._forkserver
+    pid = server._forkserver_pid
+    if pid is None:
+        return
+    launch = server.ensure_running
+
+    def ensure_running() -> None:
+        with server._lock:
+            if server._forkserver_pid == pid:
+                if _alive(pid):
+                    resource_tracker.ensure_running()
+                    return
+                os.close(server._forkserver_alive_fd)
+                server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+        launch()
+
+    server.ensure_running = ensure_running
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

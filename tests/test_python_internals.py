@@ -16,3 +16,52 @@ def test_run_exit_functions_runs_what_atexit_registered_in_a_process_that_leaves
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and done.stdout == "exit function ran\n"
+
+
+_ADOPT = """
+import os, sys, time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from lightning_scale._python_internals import adopt_forkserver, forkserver_pid
+from lightning_scale.data.forkserver import kill_forkserver_workers, start_forkserver
+
+def worker_parent(loader):
+    it = iter(loader)
+    next(it)
+    return [w.pid for w in it._workers], it
+
+if __name__ == "__main__":
+    server = start_forkserver()
+    data = TensorDataset(torch.arange(100.0))
+    loader = DataLoader(
+        data, batch_size=4, num_workers=2, multiprocessing_context="forkserver", persistent_workers=True
+    )
+    child = os.fork()
+    if child == 0:
+        adopt_forkserver()
+        pids, it = worker_parent(loader)  # a new server would be a second process; ChildProcessError without adoption
+        parents = {int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) for p in pids}
+        print("adopted", forkserver_pid() == server, parents == {server}, flush=True)
+        os.kill(os.getpid(), 9)  # the workers outlive it: their parent is the server
+    os.waitpid(child, 0)
+    time.sleep(0.5)
+    killed = kill_forkserver_workers(server)
+    print("killed", len(killed), flush=True)
+    os.kill(server, 9)
+    os.waitpid(server, 0)  # reaped: gone, not a zombie
+    child = os.fork()
+    if child == 0:
+        adopt_forkserver()
+        pids, it = worker_parent(loader)
+        print("relaunched", forkserver_pid() not in (None, server), flush=True)
+        os._exit(0)
+    os.waitpid(child, 0)
+"""
+
+
+def test_a_forked_child_adopts_its_parents_forkserver_and_relaunches_one_once_it_is_gone(tmp_path):
+    script = tmp_path / "adopt.py"
+    script.write_text(_ADOPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["adopted True True", "killed 2", "relaunched True"], done.stderr

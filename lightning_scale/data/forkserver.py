@@ -6,15 +6,25 @@ from a forkserver are forked by a process that runs no such threads. They differ
 :func:`safe_worker_context` checks before it chooses them: they receive the dataset, ``collate_fn`` and
 ``worker_init_fn`` pickled (arrays are copied or moved to shared memory, not shared copy-on-write), and they import
 the script being run, as ``spawn`` workers do.
+
+Under warm restarts (:mod:`lightning_scale.restart`) each rank's parent starts the forkserver once
+(:func:`start_forkserver`), before it forks the first training attempt: every attempt uses that server, whose torch
+is already imported, so a restarted attempt's workers start in milliseconds instead of the seconds a new server takes
+to import torch; the parent kills a failed attempt's workers (:func:`kill_forkserver_workers`), whose own parent, the
+server, lives on.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import multiprocessing
 import multiprocessing.context
+import multiprocessing.forkserver
+import os
 import pickle
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -22,7 +32,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["FORKSERVER_MAX_ARRAY_BYTES", "FORKSERVER_PRELOAD", "safe_worker_context"]
+from lightning_scale._linux import parent_ids
+from lightning_scale._python_internals import forkserver_pid
+
+__all__ = [
+    "FORKSERVER_MAX_ARRAY_BYTES",
+    "FORKSERVER_PRELOAD",
+    "kill_forkserver_workers",
+    "safe_worker_context",
+    "start_forkserver",
+]
 
 FORKSERVER_PRELOAD = ["torch", "lightning_scale.data.worker_rng_dataset", "lightning_scale.data._forkserver_setup"]
 """Modules the forkserver imports once, so that each worker forked from it starts without importing them."""
@@ -49,6 +68,27 @@ def safe_worker_context(loader: Any, name: str) -> multiprocessing.context.BaseC
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when the forkserver starts (once per process)
     return context
+
+
+def start_forkserver() -> int:
+    """Start multiprocessing's forkserver with :data:`FORKSERVER_PRELOAD` now, without waiting for it to import them;
+    its process id. Processes forked from this one afterwards use it once they adopt it
+    (:func:`lightning_scale._python_internals.adopt_forkserver`)."""
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+    pid = forkserver_pid()
+    assert pid is not None, "ensure_running started no forkserver"
+    return pid
+
+
+def kill_forkserver_workers(server: int) -> list[int]:
+    """Kill (SIGKILL) every process the forkserver ``server`` forked, the DataLoader workers of an attempt that ended;
+    the ids killed. A forkserver worker watches its parent, the server, which lives on: it would not end by itself."""
+    killed = [pid for pid, parent in parent_ids().items() if parent == server]
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return killed
 
 
 class _TrialPickler(pickle.Pickler):

@@ -8,7 +8,9 @@ parents of a job share a small store (:class:`~lightning_scale.restart.board.Att
   it cannot run again by itself), or that its peers wait for while it makes no progress (rank 0's parent judges,
   :mod:`~lightning_scale.restart.hangs`; its stacks are printed first), makes its parent say so; every parent then
   kills its own child at once (no rank waits for a collective's timeout), they meet, and each forks the next attempt,
-  which resumes from the memory snapshots. Interpreter start, imports and torchrun's restart are not paid again;
+  which resumes from the memory snapshots. Interpreter start, imports and torchrun's restart are not paid again, nor
+  the start of a forkserver for DataLoader workers: the parent starts one before the first attempt, which every
+  attempt uses (:func:`~lightning_scale.data.forkserver.start_forkserver`);
 - each attempt's process group gets a store of its own (on a free port chosen by rank 0's parent), so no key of a
   failed attempt is read by the next;
 - what is not a failure ends the parent with the child's code, for torchrun and the orchestrator to act on: success
@@ -33,7 +35,8 @@ from typing import Any
 
 from lightning_scale import distributed, knobs
 from lightning_scale._linux import die_with_parent
-from lightning_scale._python_internals import run_exit_functions
+from lightning_scale._python_internals import adopt_forkserver, run_exit_functions
+from lightning_scale.data.forkserver import kill_forkserver_workers, start_forkserver
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
 from lightning_scale.restart import beacon
 from lightning_scale.restart.board import AttemptBoard
@@ -107,6 +110,7 @@ class Supervisor:
         self.child: int | None = None  # the child's pid until it is reaped
         self.group: int | None = None  # its process group, until killed (its DataLoader workers may outlive it)
         self.received: int | None = None  # a signal that ends this parent once its child exited
+        self.forkserver: int | None = None  # the DataLoader workers' forkserver every attempt uses, once started
         self._board: AttemptBoard | None = None
         self._beacon = beacon.install()  # before any child is forked: each child marks its progress there
 
@@ -130,6 +134,8 @@ class Supervisor:
     def run(self) -> int:
         for sig in _FORWARDED:
             signal.signal(sig, self._forward)
+        # its torch import overlaps the first attempt's set-up, and no later attempt waits for it
+        self.forkserver = start_forkserver()
         code = 1
         for attempt in range(self.max_restarts + 1):
             if self.rank == 0:
@@ -211,6 +217,7 @@ class Supervisor:
         try:
             os.setpgid(0, 0)
             die_with_parent(parent)
+            adopt_forkserver()
             for sig in _FORWARDED:
                 signal.signal(sig, signal.SIG_DFL)
             os.environ["MASTER_PORT"] = str(port)  # a store of this attempt's own, hosted by rank 0's child
@@ -228,13 +235,16 @@ class Supervisor:
             time.sleep(1.0)
 
     def _kill_child(self) -> None:
-        """Kill the child and everything in its process group (its DataLoader workers), and reap it."""
+        """Kill the child and everything in its process group (its fork DataLoader workers), reap it, and kill the
+        workers it had from the forkserver."""
         if self.group is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.group, signal.SIGKILL)
         if self.child is not None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.child, 0)
+        if self.forkserver is not None:
+            kill_forkserver_workers(self.forkserver)
         self.child = self.group = None
 
     def _forward(self, sig: int, frame: Any) -> None:

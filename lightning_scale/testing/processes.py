@@ -11,24 +11,15 @@ import os
 import signal
 from pathlib import Path
 
+from lightning_scale._linux import parent_ids
+
 __all__ = ["descendants", "kill_process_tree", "processes_mentioning"]
-
-
-def _parents() -> dict[int, int]:
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended while we looked
-        parents[int(stat.parent.name)] = int(fields[1])
-    return parents
 
 
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid``, parents before children."""
     children: dict[int, list[int]] = {}
-    for child, parent in _parents().items():
+    for child, parent in parent_ids().items():
         children.setdefault(parent, []).append(child)
     found, frontier = [], [pid]
     while frontier:
