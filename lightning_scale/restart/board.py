@@ -4,7 +4,10 @@ Per attempt ``k`` of the training processes: the port of that attempt's process-
 parent), each child's progress (:mod:`~lightning_scale.restart.beacon`), a counter of parents whose training process
 failed with each one's reason, the ranks found hung by their peers, and a counter of parents ready to start attempt
 ``k + 1``. Per parent, a heartbeat counter that it raises while it lives: a parent whose heartbeat
-stands still is gone (its node was lost) and no attempt can start without it.
+stands still is gone (its node was lost) and no attempt can start without it. Per job, the port of rank 0's parent's
+links (:mod:`~lightning_scale.restart.links`), the parents it lost a link to, and the parents that ended with their
+training's final code (done, a usage error, a preemption): neither a closed link nor a still heartbeat of theirs is
+a lost node.
 """
 
 from __future__ import annotations
@@ -103,8 +106,36 @@ class AttemptBoard:
         """This parent lives."""
         self.store.add(f"alive/{self.rank}", 1)
 
+    def publish_links_port(self, port: int) -> None:
+        self.store.set("links/port", str(port))
+
+    def links_port(self) -> int:
+        """The port rank 0's parent takes links on (waits for it, up to the store's timeout)."""
+        return int(self.store.get("links/port"))
+
+    def say_gone(self, rank: int) -> None:
+        """Say that rank ``rank``'s parent is gone (rank 0's parent, which lost its link)."""
+        self.store.set(f"gone/{rank}", "1")
+        self.store.add("gone/count", 1)
+
+    def say_final(self) -> None:
+        """Say that this parent ends with its training's final code (a request answered once the store holds it: a
+        peer that sees this parent end then finds it said)."""
+        self.store.set(f"final/{self.rank}", "1")
+        self.store.check([f"final/{self.rank}"])
+
+    def said_final(self, rank: int) -> bool:
+        return bool(self.store.check([f"final/{rank}"]))
+
+    def gone(self) -> list[int]:
+        """The ranks said to be gone (one store request while there are none)."""
+        if int(self.store.add("gone/count", 0)) == 0:
+            return []
+        return [rank for rank in range(self.world_size) if self.store.check([f"gone/{rank}"])]
+
     def silent_peers(self, timeout_s: float) -> list[int]:
-        """Peers whose heartbeat has not moved for ``timeout_s`` (from when this parent first looked)."""
+        """Peers whose heartbeat has not moved for ``timeout_s`` (from when this parent first looked), but for those
+        that ended with their training's final code."""
         now, silent = self.clock(), []
         for peer in range(self.world_size):
             if peer == self.rank:
@@ -113,6 +144,6 @@ class AttemptBoard:
             seen = self._seen.get(peer)
             if seen is None or seen[0] != count:
                 self._seen[peer] = (count, now)
-            elif now - seen[1] > timeout_s:
+            elif now - seen[1] > timeout_s and not self.said_final(peer):
                 silent.append(peer)
         return silent

@@ -15,7 +15,9 @@ parents of a job share a small store (:class:`~lightning_scale.restart.board.Att
   failed attempt is read by the next;
 - what is not a failure ends the parent with the child's code, for torchrun and the orchestrator to act on: success
   (0), a usage error (2), a preemption (143); so does a failure once the warm restarts are spent, or a peer whose
-  parent is gone (its node was lost): torchrun's own restart, SLURM's requeue or Kubernetes take over from there.
+  parent is gone (its node was lost): torchrun's own restart, SLURM's requeue or Kubernetes take over from there. A
+  parent that ends closes its link to rank 0's parent (:mod:`~lightning_scale.restart.links`), which the others see at
+  once; one whose host vanished without closing it is found by its heartbeat standing still.
 
 Signals the parent receives (torchrun's SIGTERM, SLURM's USR1) are passed on to the child, whose callbacks act on
 them, and end the parent once the child exited.
@@ -41,6 +43,7 @@ from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
 from lightning_scale.restart import beacon
 from lightning_scale.restart.board import AttemptBoard
 from lightning_scale.restart.hangs import PeerHangJudge
+from lightning_scale.restart.links import ParentLinks
 
 __all__ = [
     "FINAL_EXIT_CODES",
@@ -60,6 +63,8 @@ PREEMPTED_EXIT_CODE = 143
 
 FINAL_EXIT_CODES = frozenset({0, USAGE_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE})
 """Exit codes of a training process that end its parent too: done, a usage error, a preemption."""
+
+_Outcome = tuple[int, str | None]  # a child's exit code, and this rank's reason to report (None: a peer's failure)
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -112,6 +117,9 @@ class Supervisor:
         self.received: int | None = None  # a signal that ends this parent once its child exited
         self.forkserver: int | None = None  # the DataLoader workers' forkserver every attempt uses, once started
         self._board: AttemptBoard | None = None
+        self._links = ParentLinks(self.rank, self.world_size, self.host)
+        self._said_gone: set[int] = set()  # ranks rank 0's parent told the others are gone
+        self._ended: set[int] = set()  # ranks whose parent ended with a final code
         self._beacon = beacon.install()  # before any child is forked: each child marks its progress there
 
     @property
@@ -136,6 +144,16 @@ class Supervisor:
             signal.signal(sig, self._forward)
         # its torch import overlaps the first attempt's set-up, and no later attempt waits for it
         self.forkserver = start_forkserver()
+        if self.rank > 0:
+            self._links.connect(self.board.links_port())
+        elif self.world_size > 1:
+            self.board.publish_links_port(self._links.port)
+        try:
+            return self._attempts()
+        finally:
+            self._links.close()
+
+    def _attempts(self) -> int:
         code = 1
         for attempt in range(self.max_restarts + 1):
             if self.rank == 0:
@@ -145,6 +163,12 @@ class Supervisor:
             self.child = self.group = self._fork(attempt, self.board.port(attempt))
             code, reason = self._watch(attempt)
             if code in FINAL_EXIT_CODES or self.received is not None:
+                self._end()
+                return code
+            if self._host_lost():
+                self._kill_child()
+                self._say("no warm restart: the parent of rank 0, which holds the parents' board, is gone. Exiting "
+                          "for torchrun to restart the job.")  # fmt: skip
                 return code
             if reason is not None:
                 self.board.fail(attempt, reason)
@@ -161,11 +185,11 @@ class Supervisor:
                 self._say(f"{reasons}. Restarting every rank's training from its parent (attempt {attempt + 1}).")
         return code
 
-    def _watch(self, attempt: int) -> tuple[int, str | None]:
+    def _watch(self, attempt: int) -> _Outcome:
         """Until the child exits or stops, or a peer's fails: the child's exit code (a signal's as 128 + signal) and
         this rank's reason to report, ``None`` when the failure was a peer's."""
         assert self.child is not None
-        beat_at = looked_at = 0.0
+        clocks = {"beat": 0.0, "look": 0.0}
         judge = PeerHangJudge(self.world_size) if self.rank == 0 else None
         while True:
             pid, status = os.waitpid(self.child, os.WNOHANG | os.WUNTRACED)
@@ -175,22 +199,39 @@ class Supervisor:
             if pid:
                 self.child = None
                 return _exit_code(status), f"rank {self.rank}'s training process {_how_it_ended(status)}"
-            now = time.monotonic()
-            if now - beat_at >= min(0.25, self.peer_timeout_s / 4):
-                self.board.beat()
-                self.board.publish_progress(attempt, self._beacon.read())
-                beat_at = now
-            if self.board.failed(attempt):
-                return 1, None
-            if now - looked_at >= 1.0:
-                looked_at = now
-                silent = self.board.silent_peers(self.peer_timeout_s)
-                if silent:
-                    return 1, f"the parent of rank(s) {silent} is gone (its node was lost?)"
-                for rank, still_s in judge.observe(self.board.progress(attempt)) if judge is not None else []:
-                    reason = f"rank {rank} made no progress for {still_s:.1f} s while the others waited for it"
-                    self.board.accuse(attempt, rank, reason)
+            try:
+                lost = self._lost_links()
+                outcome = self._look(attempt, judge, clocks) if not lost else None
+            except RuntimeError:  # a board request failed: expected only when its host is gone
+                if not self._host_lost(wait_s=1.0):
+                    raise
+                lost, outcome = [0], None
+            if lost:
+                return 1, f"the parent of rank(s) {lost} is gone (its node was lost?)"
+            if outcome is not None:
+                return outcome
             time.sleep(self.poll_s)
+
+    def _look(self, attempt: int, judge: PeerHangJudge | None, clocks: dict[str, float]) -> _Outcome | None:
+        """One look at the board while the child runs (this parent's heartbeat and progress published, hung ranks
+        accused): ``None`` to go on, else what :meth:`_watch` returns."""
+        now = time.monotonic()
+        if now - clocks["beat"] >= min(0.25, self.peer_timeout_s / 4):
+            self.board.beat()
+            self.board.publish_progress(attempt, self._beacon.read())
+            clocks["beat"] = now
+        if self.board.failed(attempt):
+            return 1, None
+        if now - clocks["look"] < 1.0:
+            return None
+        clocks["look"] = now
+        silent = self.board.silent_peers(self.peer_timeout_s)
+        if silent:
+            return 1, f"the parent of rank(s) {silent} is gone (its node was lost?)"
+        for rank, still_s in judge.observe(self.board.progress(attempt)) if judge is not None else []:
+            reason = f"rank {rank} made no progress for {still_s:.1f} s while the others waited for it"
+            self.board.accuse(attempt, rank, reason)
+        return None
 
     def _meet(self, attempt: int) -> bool:
         """Wait until every parent is ready for ``attempt``; False when one is gone or the wait times out."""
@@ -198,13 +239,50 @@ class Supervisor:
         deadline = time.monotonic() + self.ready_timeout_s
         while not self.board.everyone_arrived(attempt):
             self.board.beat()
-            silent = self.board.silent_peers(self.peer_timeout_s)
+            silent = self._lost_links() or self.board.gone() or self.board.silent_peers(self.peer_timeout_s)
             if silent or time.monotonic() > deadline or self.received is not None:
                 why = f"the parent of rank(s) {silent} is gone" if silent else "not every parent got ready in time"
                 self._say(f"no warm restart: {why}. Exiting for torchrun to restart the job.")
                 return False
             time.sleep(self.poll_s)
         return True
+
+    def _lost_links(self) -> list[int]:
+        """Ranks whose parent ended without saying it ended with a final code, as this one's links show; rank 0's
+        parent tells the others on the board."""
+        lost = self._links.lost()
+        if self.rank > 0:
+            return lost
+        for rank in set(lost) - self._said_gone - self._ended:
+            if self.board.said_final(rank):
+                self._ended.add(rank)
+        lost = [rank for rank in lost if rank not in self._ended]
+        for rank in set(lost) - self._said_gone:
+            self._said_gone.add(rank)
+            self.board.say_gone(rank)
+        return lost
+
+    def _host_lost(self, wait_s: float = 0.0) -> bool:
+        """Whether rank 0's parent, which hosts the board, is gone (ranks other than 0), waiting up to ``wait_s`` for
+        its link to show it."""
+        deadline = time.monotonic() + wait_s
+        while self.rank > 0 and 0 not in self._links.lost():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self.poll_s)
+        return self.rank > 0
+
+    def _end(self) -> None:
+        """Before this parent ends with its training's final code: it says so, so that no peer takes its closed link
+        or still heartbeat for a lost node; rank 0's parent, which hosts the board, waits until the others have
+        ended (at most ``ready_timeout_s``)."""
+        if self.rank > 0:
+            with contextlib.suppress(RuntimeError):  # the board's host ended first (it waited its longest)
+                self.board.say_final()
+            return
+        deadline = time.monotonic() + self.ready_timeout_s
+        while len(self._links.lost()) < self.world_size - 1 and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
 
     def _fork(self, attempt: int, port: int) -> int:
         sys.stdout.flush()
@@ -217,6 +295,7 @@ class Supervisor:
         try:
             os.setpgid(0, 0)
             die_with_parent(parent)
+            self._links.close()  # this parent's ends: the child's copies would keep them open after the parent died
             adopt_forkserver()
             for sig in _FORWARDED:
                 signal.signal(sig, signal.SIG_DFL)
