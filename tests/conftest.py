@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,10 +22,38 @@ pytest_plugins = ["tests.s3"]  # the S3 server fixtures
 _SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
 
 
+_SHARED_MEMORY = Path("/dev/shm")
+_shared_memory_before: set[str] = set()
+_shared_memory_left: set[str] = set()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # pytest restores the warning filters it saw at start-up around every collection and test, so the filters that
     # importing lightning_scale installs (during collection) would not last: install them first, as a user's run has
     ignore_library_warnings()
+    _shared_memory_before.update(_shared_memory())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if its processes left anything in /dev/shm (snapshots, named semaphores of killed DataLoader
+    queues), after a few seconds for resource trackers to unlink what their processes leaked."""
+    deadline = time.monotonic() + 5
+    while (left := _shared_memory() - _shared_memory_before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        _shared_memory_left.update(left)
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _shared_memory_left:
+        left = sorted(_shared_memory_left)
+        terminalreporter.write_line(f"FAILED: the tests left {len(left)} entries in {_SHARED_MEMORY}: {left[:10]}")
+
+
+def _shared_memory() -> set[str]:
+    return {entry.name for entry in _SHARED_MEMORY.iterdir()} if _SHARED_MEMORY.is_dir() else set()
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,10 @@
 
 ``torchrun`` starts each worker in a session of its own, so killing the launcher's process group leaves the workers
 running; the tree has to be found from ``/proc`` (Linux).
+
+Multiprocessing's resource trackers in the tree are spared: each ends by itself once the processes that use it are
+gone, and unlinks the named semaphores they leave in ``/dev/shm`` (DataLoader queues' locks), which a lost machine's
+memory takes with it but a machine that only simulates the loss would keep.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from pathlib import Path
 
 from lightning_scale._linux import parent_ids
 
-__all__ = ["descendants", "kill_process_tree", "processes_mentioning"]
+__all__ = ["descendants", "kill_process_tree", "kill_processes", "processes_mentioning"]
 
 
 def descendants(pid: int) -> list[int]:
@@ -30,10 +34,26 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill_process_tree(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Send ``sig`` to ``pid`` and every process below it (the launcher first, so it cannot restart workers)."""
-    for target in [pid, *descendants(pid)]:
+    """Send ``sig`` to ``pid`` and every process below it (the launcher first, so it cannot restart workers) but
+    resource trackers (see the module's description)."""
+    kill_processes([pid, *descendants(pid)], sig)
+
+
+def kill_processes(pids: list[int], sig: int = signal.SIGKILL) -> list[int]:
+    """Send ``sig`` to each of ``pids`` in turn but resource trackers (see the module's description); those sent it."""
+    sent = []
+    for target in pids:
         with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
-            os.kill(target, sig)
+            if not _resource_tracker(target):
+                os.kill(target, sig)
+                sent.append(target)
+    return sent
+
+
+def _resource_tracker(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False
 
 
 def processes_mentioning(path: Path | str) -> list[int]:

@@ -33,6 +33,9 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning_scale import knobs
+from lightning_scale.testing.processes import kill_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 COMMANDS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "sinfo", "squeue")
@@ -207,6 +210,8 @@ class SlurmCluster:
             "OMP_NUM_THREADS": "1",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_ports(1)[0]),
+            # this test's node memory (the autouse fixture's), removed after it, not the default shared by every test
+            "LIGHTNING_SCALE_SNAPSHOT_DIR": os.environ.get("LIGHTNING_SCALE_SNAPSHOT_DIR", knobs.SNAPSHOT_DIR),
             **extra,
         }
 
@@ -259,11 +264,7 @@ class SlurmCluster:
         shell's death ends the job ``FAILED`` (``ExitCode=0:9``); the PIDs killed. Not ``scancel --signal=KILL``:
         slurmctld treats that as a cancel (``CANCELLED``, the steps get SIGTERM first), or with ``--batch`` kills the
         shell only, and the steps then get SIGTERM, which the training processes take for a preemption notice."""
-        pids = processes_of(self.scratch, job_id)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
-                os.kill(pid, signal.SIGKILL)
-        return pids
+        return kill_processes(processes_of(self.scratch, job_id))
 
     def requeue(self, job_id: str) -> None:
         """Put the job back in the queue (a running job is stopped first: SIGTERM, then SIGKILL ``KillWait`` later).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -187,10 +188,11 @@ def test_the_time_limit_signal_checkpoints_requeues_and_the_job_ends_bitwise_equ
 
 @pytest.mark.timeout(600)
 def test_a_lost_node_requeued_from_outside_resumes_from_the_newest_checkpoint_and_the_requeue_cap_holds(
-    slurm_cluster, uninterrupted, tmp_path
+    slurm_cluster, uninterrupted, tmp_path, snapshot_root
 ):
-    """Every process of the job is killed (a node lost: no notice) and an operator requeues it; the second run resumes
-    from the newest valid checkpoint. With ``max_slurm_requeues=1`` that requeue was the last: preempted again, the
+    """Every process of the job is killed (a node lost: no notice, its memory snapshots with it) and an operator
+    requeues it; the second run, on what is another node for it, resumes from the newest valid durable checkpoint.
+    With ``max_slurm_requeues=1`` that requeue was the last: preempted again, the
     job says so and ends; resubmitted, it finishes, bitwise equal to the job never interrupted. The job trains a user's
     module on torch's ``DataLoader`` with ``shuffle=True`` and 2 workers, with randomness in ``__getitem__``."""
     cap = ("--preemption.max_slurm_requeues", "1")
@@ -199,6 +201,8 @@ def test_a_lost_node_requeued_from_outside_resumes_from_the_newest_checkpoint_an
     assert slurm_cluster.kill(job), "no process of the job to kill"
     fields = slurm_cluster.wait_for(job, {"FAILED"}, 60)
     assert fields["ExitCode"] == "0:9", fields  # the batch shell died of SIGKILL
+    for memory in snapshot_root.iterdir():  # the node's memory went with it: the requeue runs on another node
+        shutil.rmtree(memory)
     newest = newest_step(tmp_path / "ckpts")
     slurm_cluster.requeue(job)
     slurm_cluster.wait_for(job, {"RUNNING"}, RUN_TIMEOUT_S, restarts=1)
