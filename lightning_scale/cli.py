@@ -244,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     the process group, whose gloo threads could otherwise abort the exiting process. Called with ``argv`` (from
     Python), it leaves the garbage collector as it was; as the command, it speeds up the process's exit (see
     :func:`lightning_scale.distributed.destroy_process_group`). As the command under torchrun, each rank's process
-    runs the training as warm-restarted children (:mod:`lightning_scale.restart`; ``LIGHTNING_SCALE_WARM_RESTARTS``)."""
+    runs the training as warm-restarted children (:mod:`lightning_scale.restart`; ``LIGHTNING_SCALE_WARM_RESTARTS``)
+    and ends with their final exit code at once, without the interpreter's teardown."""
     explicit = argv is not None
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["consolidate"]:
@@ -253,7 +254,13 @@ def main(argv: list[str] | None = None) -> None:
     if os.getcwd() not in sys.path:  # class paths in the current directory, as `python -m` finds them
         sys.path.insert(0, os.getcwd())
     if not explicit and warm_restarts_apply(knobs.WARM_RESTARTS):
-        raise SystemExit(supervise(lambda: _run(argv, explicit), knobs.WARM_RESTARTS))
+        code = supervise(lambda: _run(argv, explicit), knobs.WARM_RESTARTS)
+        # The parent trained nothing and has nothing to finish (its children ran their exit functions); the teardown of
+        # an interpreter with torch and Lightning imported takes about a second here, which torchrun would wait for
+        # before it restarts the job.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     _run(argv, explicit)
 
 
