@@ -11,10 +11,10 @@ Lightning script, and the snapshot-overhead fits.
   ended); rank 0 writes its final weights to ``final_rank0.pt`` when the run reaches ``max_steps``.
 - ``python _goodput_job.py stock ...`` (under torchrun): the stock Lightning script, ``ModelCheckpoint(
   every_n_train_steps=K, save_last=True)`` and ``trainer.fit(ckpt_path="last")``.
-- ``python _goodput_job.py overhead ...`` (under torchrun): ``--rounds`` rounds of one fit with memory snapshots off
-  and one with them on (``"auto"``, as the goodput run uses them), the order swapped every round, in the same two
-  processes, with every other callback of the ``lightning-scale`` command's defaults in both; rank 0 writes each
-  fit's mean step time (snapshots included) and the cadence ``"auto"`` chose to ``--out``.
+- ``python _goodput_job.py overhead ...`` (under torchrun, one process per node): one fit with every callback of the
+  ``lightning-scale`` command's defaults, memory snapshots on (``"auto"``, as the goodput run uses them: on two nodes,
+  each snapshot is also copied to the other node) and off in blocks of steps (:class:`SnapshotBlocks`); rank 0 writes
+  each pair of blocks' mean step times and the cadence ``"auto"`` chose to ``--out``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -142,17 +141,59 @@ def stock(args: argparse.Namespace) -> None:
     trainer.fit(GoodputMLP(args.width, args.depth), datamodule=GoodputData(), ckpt_path="last")
 
 
-class _StepEnds(pl.Callback):
-    def __init__(self) -> None:
+class SnapshotBlocks(pl.Callback):
+    """Memory snapshots on and off in turn, in blocks of ``block`` steps, after ``warmup`` steps with them on (the
+    first snapshots allocate their memory, here and on the other node); pairs of blocks, the order swapped every pair.
+    Each step's time is the time from the end of the step before: it holds the snapshot decided at that end, so an
+    "on" block holds its own snapshots (the cadence ``"auto"`` chose: the first falls on its first step), an "off"
+    block none. The switch is made on every rank at the same step, before ``ResumableCheckpoint`` (which Lightning
+    runs last) decides.
+
+    Args:
+        checkpoint: The fit's ``ResumableCheckpoint``, with ``snapshot_every_n_steps="auto"``.
+        warmup: Steps before the first block.
+        block: Steps of a block.
+    """
+
+    def __init__(self, checkpoint: Any, warmup: int, block: int) -> None:
+        self.cadence = checkpoint.snapshot_cadence
+        self.warmup, self.block = warmup, block
         self.ends: list[float] = []
+        self.seen = -1
 
-    def on_train_batch_end(self, *args: Any) -> None:
+    def mode(self, step_index: int) -> str:
+        """``"on"`` or ``"off"`` for the step of index ``step_index`` (0 is the fit's first)."""
+        if step_index < self.warmup:
+            return "on"
+        block = (step_index - self.warmup) // self.block
+        first = "on" if (block // 2) % 2 == 0 else "off"
+        return first if block % 2 == 0 else ("off" if first == "on" else "on")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.seen:
+            return
+        self.seen = trainer.global_step
         self.ends.append(time.perf_counter())
+        self.cadence.every_n_steps = None if self.mode(len(self.ends)) == "on" else 10**9
+
+    def pairs(self) -> list[dict[str, Any]]:
+        """Per pair of blocks, each block's mean step time, and the cadence of the "on" one."""
+        times: dict[tuple[int, str], list[float]] = {}
+        for index in range(max(self.warmup, 1), len(self.ends)):
+            block = (index - self.warmup) // self.block
+            times.setdefault((block // 2, self.mode(index)), []).append(self.ends[index] - self.ends[index - 1])
+        pairs = sorted({pair for pair, _ in times})
+        self.cadence.every_n_steps = None  # what "auto" chose, whichever block came last
+        cadence = {"snapshot_every_n_steps": self.cadence.steps(), "snapshot_s": self.cadence.snapshot_seconds}
+        mean = {key: sum(values) / len(values) for key, values in times.items()}
+        return [{"off": {"step_s": mean[p, "off"]}, "on": {"step_s": mean[p, "on"], **cadence}}
+                for p in pairs if (p, "off") in mean and (p, "on") in mean]  # fmt: skip
 
 
-def _overhead_fit(variant: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """One fit with the ``lightning-scale`` command's default callbacks, memory snapshots ``"auto"`` or off: its mean
-    step time after the warm-up (snapshots fall on some steps only: a median would hide them)."""
+def overhead(args: argparse.Namespace) -> None:
+    """One fit with the ``lightning-scale`` command's default callbacks, memory snapshots in blocks on and off
+    (:class:`SnapshotBlocks`); rank 0 writes the pairs to ``--out``."""
+    from lightning_scale import distributed
     from lightning_scale.callbacks import (
         CostTracker,
         HangWatchdog,
@@ -162,35 +203,15 @@ def _overhead_fit(variant: str, args: argparse.Namespace, workdir: Path) -> dict
     )
 
     pl.seed_everything(0, verbose=False)
-    snapshots = "auto" if variant == "on" else None
     # no durable save inside the timed steps
-    checkpoint = ResumableCheckpoint(str(workdir / "ckpt"), every_n_train_steps=10**9, snapshot_every_n_steps=snapshots)
-    clock = _StepEnds()
+    checkpoint = ResumableCheckpoint(str(Path(args.out_dir) / "ckpt"), every_n_train_steps=10**9)
+    blocks = SnapshotBlocks(checkpoint, args.warmup, args.block)
     defaults = [SpotPreemption(), CostTracker(price_per_hour=1.0), HangWatchdog(), StragglerDetector()]
-    callbacks = [clock, checkpoint, *defaults]
-    trainer = _trainer(args.steps, callbacks, devices=int(os.environ["WORLD_SIZE"]), num_nodes=1)
+    steps = args.warmup + 2 * args.pairs * args.block
+    trainer = _trainer(steps, [blocks, checkpoint, *defaults])
     trainer.fit(GoodputMLP(args.width, args.depth), datamodule=GoodputData())
-    ends = clock.ends[args.warmup :]
-    cadence = getattr(getattr(checkpoint, "_snapshots", None), "cadence", None)  # for the report only
-    return {
-        "step_s": (ends[-1] - ends[0]) / (len(ends) - 1),
-        "snapshot_every_n_steps": None if cadence is None else cadence.steps(),
-        "snapshot_s": None if cadence is None else cadence.snapshot_seconds,
-    }
-
-
-def overhead(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import rotated
-
-    from lightning_scale import distributed
-
-    rounds = []
-    for index in range(args.rounds):
-        order = rotated(("off", "on"), index)
-        rounds.append({v: _overhead_fit(v, args, Path(args.out_dir) / f"{index}-{v}") for v in order})
     if distributed.rank() == 0:
-        Path(args.out).write_text(json.dumps(rounds))
+        Path(args.out).write_text(json.dumps(blocks.pairs()))
     distributed.destroy_process_group(process_ends=True)
 
 
@@ -198,13 +219,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=["stock", "overhead"])
     parser.add_argument("--out-dir", required=True)
-    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--steps", type=int, help="stock: the steps to train")
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--ckpt-dir", help="stock: the checkpoints' folder")
     parser.add_argument("--every", type=int, help="stock: steps between durable checkpoints")
-    parser.add_argument("--rounds", type=int, default=1, help="overhead: rounds of one fit per variant")
-    parser.add_argument("--warmup", type=int, default=10, help="overhead: steps not timed at the start of a fit")
+    parser.add_argument("--pairs", type=int, default=1, help="overhead: pairs of blocks, snapshots on and off")
+    parser.add_argument("--block", type=int, default=42, help="overhead: steps of a block")
+    parser.add_argument("--warmup", type=int, default=30, help="overhead: steps with snapshots on before the blocks")
     parser.add_argument("--out", help="overhead: the JSON rank 0 writes")
     args = parser.parse_args()
     torch.set_num_threads(1)

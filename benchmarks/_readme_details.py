@@ -156,6 +156,35 @@ def hang_watchdog(result: dict) -> str:
     return "ms per step: " + ", ".join(f"{variant} {_ms(spread)}" for variant, spread in steps.items()) + "."
 
 
+def goodput(result: dict) -> str:
+    config, references = result["config"], result["uninterrupted"]
+    rows = []
+    for index, per_variant in enumerate(result["rounds"]):
+        for variant, entry in per_variant.items():
+            for fault in entry["faults"]:
+                who = f"rank {fault['rank']}" if fault["rank"] is not None else "node b"
+                if not fault.get("recovered"):
+                    rows.append([str(index), f"`{variant}`", f"{fault['kind']} ({who})", *["not recovered"] * 5])
+                    continue
+                rows.append([str(index), f"`{variant}`", f"{fault['kind']} ({who})", f"{fault['detection_s']:.1f}",
+                             f"{fault['restart_s']:.1f}", f"{fault['load_s']:.1f}",
+                             f"{fault['first_resumed_step_s']:.1f}",
+                             f"{fault['steps_replayed']} ({fault['resumed_from']})"])  # fmt: skip
+    header = ["round", "variant", "fault", "detection s", "restart s", "state load s", "first resumed step s",
+              "steps replayed (resumed from)"]  # fmt: skip
+    totals = "; ".join(
+        f"`{variant}` {entry['goodput']:.3f} (against stock's uninterrupted run {entry['goodput_vs_reference']:.3f}; "
+        f"{'bitwise equal' if entry['bitwise_equal'] else 'not bitwise equal'} to its own)"
+        for per_variant in result["rounds"] for variant, entry in per_variant.items()
+    )  # fmt: skip
+    ref = references["stock"]
+    return (
+        f"{config['steps']} steps of {ref['step_s'] * 1e3:.0f} ms ({ref['ckpt_mb']:.0f} MB checkpoint), a fault every "
+        f"{config['interval_s']:g} s, a durable checkpoint every {config['every']} steps; goodput, from each run's own "
+        f"timeline: {totals}.\n\n" + _table(header, rows)
+    )
+
+
 DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
     "data_parallel_step": data_parallel,
     "callback_overhead": callback_overhead,
@@ -168,6 +197,7 @@ DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
     "data_loading": data_loading,
     "sharded_checkpoint": sharded_checkpoint,
     "hang_watchdog": hang_watchdog,
+    "goodput": goodput,
 }
 
 

@@ -18,12 +18,18 @@ where a job does not act by itself are in ``_goodput_trace.py``: one fault a min
 rank's training process, under warm restarts the child that trains, not its parent; a SIGTERM notice to a rank;
 a SIGSTOP freeze; a node lost, its memory with it, a new agent started in its place at once).
 
-Goodput is the uninterrupted run's time for the steps reached over the wall time, both from the launch to the end
-of that step; the uninterrupted run is stock Lightning's, so lightning-scale's own per-step costs count against it.
-Every run is also checked bitwise (rank 0's final weights) against the uninterrupted run of its own kind. Per fault:
-detection, restart, state load, steps replayed (``_goodput_analysis.py``). With more than one round the variants'
-order is rotated. Snapshot overhead: fits with snapshots off and ``"auto"`` alternate in the same two processes
-(paired per round, judged by the upper quartile).
+Goodput is the uninterrupted time for the steps reached over the wall time, both from the launch to the end of that
+step. The uninterrupted time comes from the run's own timeline (its first attempt's start, then every step that
+counted at the run's own step time), so that only what faults cost is lost; beside it, the same against stock
+Lightning's uninterrupted run, a launch of its own minutes away, which also counts any difference of step time between
+the jobs (on this shared machine the step time of one job moves by tens of percent between runs minutes apart: see
+``_goodput_analysis.goodput``). lightning-scale's per-step costs are measured on their own, paired: the snapshots' here,
+every callback's in ``callback_overhead.py``. Every run is also checked bitwise (rank 0's final weights) against the
+uninterrupted run of its own kind. Per fault: detection, restart, state load, steps replayed
+(``_goodput_analysis.py``). With more than one round the variants' order is rotated. Snapshot overhead: blocks of
+steps with snapshots ``"auto"`` and off alternate within one fit of the same two processes, on the same two simulated
+nodes as the goodput runs (so each snapshot is also copied to the other node), paired per pair of blocks (seconds
+apart: fits a minute apart differed by ±10 % here with no change at all), judged by the upper quartile.
 
 Prints the tables and writes ``benchmarks/results/goodput.json``.
 
@@ -38,7 +44,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,14 +75,17 @@ class Config:
     faults: int
     rounds: int
     every: int
-    overhead_rounds: int
-    overhead_steps: int
+    overhead_pairs: int  # pairs of blocks of steps with snapshots on and off, in one fit
+    overhead_block: int  # steps of a block
+    overhead_warmup: int  # steps of the fit before the first block: the first snapshots allocate their memory
+    variants: tuple[str, ...] = VARIANTS
     seed: int = 0
 
 
-FULL = Config(width=2048, depth=4, interval_s=60.0, faults=4, rounds=1, every=50, overhead_rounds=6,
-              overhead_steps=150)  # fmt: skip
-QUICK = Config(width=256, depth=2, interval_s=1.5, faults=4, rounds=1, every=10, overhead_rounds=1, overhead_steps=20)
+FULL = Config(width=2048, depth=4, interval_s=60.0, faults=4, rounds=1, every=50, overhead_pairs=12, overhead_block=42,
+              overhead_warmup=30)  # fmt: skip
+QUICK = Config(width=256, depth=2, interval_s=1.5, faults=4, rounds=1, every=10, overhead_pairs=1, overhead_block=5,
+               overhead_warmup=5, variants=("stock", "now"))  # fmt: skip
 
 
 def _environment(variant: str) -> dict[str, str]:
@@ -128,17 +136,25 @@ def bitwise_equal(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] 
     return a is not None and b is not None and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def overhead(config: Config, workdir: Path) -> list[dict[str, Any]]:
-    """Fits with memory snapshots off and ``"auto"`` alternating in the same two processes."""
+def overhead(config: Config, workdir: Path, memory: Path) -> list[dict[str, Any]]:
+    """Blocks of steps with memory snapshots ``"auto"`` and off, in turn, in one fit of two processes, one on each
+    simulated node (``_goodput_job.SnapshotBlocks``): per pair of blocks, their mean step times."""
     out = workdir / "overhead.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(ROOT / "benchmarks" / "_goodput_job.py"), "overhead", f"--out-dir={workdir}",
-               f"--steps={config.overhead_steps}", f"--rounds={config.overhead_rounds}", f"--width={config.width}",
-               f"--depth={config.depth}", f"--out={out}"]  # fmt: skip
-    env = {**_environment("now"), "LIGHTNING_SCALE_SNAPSHOT_DIR": str(workdir / "memory")}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, cwd=workdir)
-    if done.returncode != 0:
-        raise RuntimeError(done.stdout[-3000:] + done.stderr[-3000:])
+    target = [str(ROOT / "benchmarks" / "_goodput_job.py"), "overhead", f"--out-dir={workdir}",
+              f"--pairs={config.overhead_pairs}", f"--block={config.overhead_block}", f"--width={config.width}",
+              f"--depth={config.depth}", f"--warmup={config.overhead_warmup}", f"--out={out}"]  # fmt: skip
+    cluster = Cluster(target, _environment("now"), workdir, memory)
+    cluster.start()
+    deadline = time.time() + 1800
+    try:
+        while not cluster.finished():
+            if time.time() > deadline:
+                raise RuntimeError(f"the snapshot overhead fits did not end in time; see {workdir}")
+            time.sleep(0.5)
+    finally:
+        cluster.stop()
+    if not out.exists() or set(cluster.exit_codes().values()) != {0}:
+        raise RuntimeError(f"the snapshot overhead fits failed ({cluster.exit_codes()}); see {workdir}")
     return json.loads(out.read_text())
 
 
@@ -174,7 +190,7 @@ def judge(result: dict[str, Any]) -> list[dict[str, Any]]:
             ratios = paired_ratios(values)
             verdicts.append({"measure": f"{kind} → first resumed step, now", "values": values, "target": target,
                              "bound": ratios["upper_quartile"], "holds": meets(ratios, target)})  # fmt: skip
-    values = [r["now"]["goodput"] for r in rounds]
+    values = [r["now"]["goodput"] for r in rounds]  # from the run's own timeline
     ratios = paired_ratios(values)
     holds = meets(ratios, GOODPUT_TARGET, at_most=False)
     verdicts.append({"measure": "goodput, now", "values": values, "target": GOODPUT_TARGET,
@@ -198,7 +214,7 @@ def measure(config: Config, scratch: Path) -> dict[str, Any]:
     memory = Path("/dev/shm") / f"goodput-{uuid.uuid4().hex[:8]}"
     try:
         (scratch / "overhead").mkdir()
-        per_round = overhead(config, scratch / "overhead")
+        per_round = overhead(config, scratch / "overhead", memory / "overhead")
         step_s = median([r["off"]["step_s"] for r in per_round])
         steps = math.ceil((config.faults + 0.5) * config.interval_s / step_s)
         faults = trace(config.faults, config.seed)
@@ -213,7 +229,7 @@ def measure(config: Config, scratch: Path) -> dict[str, Any]:
         runs = []
         for index in range(config.rounds):
             per_variant = {}
-            for variant in rotated(VARIANTS, index):
+            for variant in rotated(config.variants, index):
                 workdir = scratch / f"{index}-{variant}"
                 per_variant[variant] = run_job(variant, config, steps, faults, workdir, memory / f"{index}-{variant}")
                 shutil.rmtree(workdir / "ckpt", ignore_errors=True)
@@ -261,8 +277,9 @@ def report(result: dict[str, Any]) -> None:
     for index, per_variant in enumerate(result["rounds"]):
         for variant, entry in per_variant.items():
             equal = ("bitwise equal" if entry["bitwise_equal"] else "NOT bitwise equal") + " to its uninterrupted run"
-            print(f"  round {index} {variant:<7} goodput {entry['goodput']:.3f} ({entry['steps']} steps in "
-                  f"{entry['wall_s'] or float('nan'):.1f} s; {equal})")  # fmt: skip
+            wall = entry["wall_s"] or float("nan")
+            print(f"  round {index} {variant:<7} goodput {entry['goodput']:.3f} (against stock's uninterrupted run "
+                  f"{entry['goodput_vs_reference']:.3f}; {entry['steps']} steps in {wall:.1f} s; {equal})")  # fmt: skip
             for fault in entry["faults"]:
                 print(_fault_line(variant, fault))
     ratio = result["overhead"]["on_over_off"]
@@ -275,7 +292,9 @@ def report(result: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small state, a fault every 1.5 s (smoke test)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a small state, a fault every 1.5 s, stock and now only (smoke test)"
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "goodput.json"))
     parser.add_argument("--keep", help="keep the runs' records and logs in this folder")
     parser.add_argument("--interval-s", type=float, help="seconds between faults instead of the mode's (development)")

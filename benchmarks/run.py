@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info
+from _common import machine_info, spread
 from _readme_details import details
 
 HERE = Path(__file__).resolve().parent
@@ -227,6 +227,50 @@ def hang_watchdog_rows(result: dict) -> list[Row]:
     return rows
 
 
+def _recovered(rounds: list[dict], variant: str, kind: str) -> list[dict]:
+    """Every recovered fault of ``kind`` in ``variant``'s runs."""
+    return [f for r in rounds for f in r[variant]["faults"] if f["kind"] == kind and f.get("recovered")]
+
+
+def goodput_rows(result: dict) -> list[Row]:
+    """Per fault kind, the first resumed step (now, the others beside it); goodput; the snapshots' cost, no fault."""
+    rounds, verdicts = result["rounds"], {target["measure"]: target for target in result["targets"]}
+    mb, rows = result["uninterrupted"]["stock"]["ckpt_mb"], []
+    for kind in ("SIGKILL", "SIGTERM", "SIGSTOP", "node"):
+        now = _recovered(rounds, "now", kind)
+        if not now:
+            continue
+        firsts = spread([f["first_resumed_step_s"] for f in now])
+        parts = {key: spread([f[key] for f in now])["median"] for key in ("detection_s", "restart_s", "load_s")}
+        others = [(v, [f["first_resumed_step_s"] for f in _recovered(rounds, v, kind)]) for v in rounds[0]]
+        beside = ", ".join(f"{v} {spread(values)['median']:.1f} s" for v, values in others if v != "now" and values)
+        measure = (
+            f"{kind} → first resumed step, {mb:.0f} MB state, now (detection {parts['detection_s']:.1f} s, restart "
+            f"{parts['restart_s']:.1f} s, load {parts['load_s']:.1f} s; at most "
+            f"{max(f['steps_replayed'] for f in now)} step(s) replayed; {beside})"
+        )
+        verdict = verdicts.get(f"{kind} → first resumed step, now")
+        target = None if verdict is None else f"≤ {verdict['target']} s (upper quartile {verdict['bound']:.2f})"
+        holds = None if verdict is None else verdict["holds"]
+        rows.append(row("goodput", measure, firsts["median"], _span(firsts), "s", target, holds))
+    values = {variant: spread([r[variant]["goodput"] for r in rounds]) for variant in rounds[0]}
+    beside = ", ".join(f"{v} {g['median']:.3f}" for v, g in values.items() if v != "now")
+    against = spread([r["now"]["goodput_vs_reference"] for r in rounds])["median"]
+    verdict = verdicts["goodput, now"]
+    target = f"≥ {verdict['target']} (lower quartile {verdict['bound']:.3f})"
+    measure = (
+        f"goodput at a fault every {result['config']['interval_s']:g} s, now, from its own timeline ({beside}; now "
+        f"against stock's uninterrupted run, a launch of its own: {against:.3f})"
+    )
+    rows.append(row("goodput", measure, values["now"]["median"], _span(values["now"]), "x", target, verdict["holds"]))
+    ratio, verdict = result["overhead"]["on_over_off"], verdicts["step time, snapshots auto / off"]
+    cadence = sorted(set(result["overhead"]["snapshot_every_n_steps"]))
+    measure = f"step time, memory snapshots auto (every {cadence} steps) / off, no fault, paired"
+    rows.append(row("goodput", measure, ratio["median"], _span(ratio), "x", _bound(ratio, verdict["target"]),
+                    verdict["holds"]))  # fmt: skip
+    return rows
+
+
 BENCHMARKS: dict[str, Callable[[dict], list[Row]]] = {
     "data_parallel_step": data_parallel_rows,
     "callback_overhead": callback_overhead_rows,
@@ -239,6 +283,7 @@ BENCHMARKS: dict[str, Callable[[dict], list[Row]]] = {
     "data_loading": data_loading_rows,
     "sharded_checkpoint": sharded_checkpoint_rows,
     "hang_watchdog": hang_watchdog_rows,
+    "goodput": goodput_rows,
 }
 
 

@@ -38,7 +38,8 @@ def test_every_benchmark_runs_quick_and_the_summary_has_a_row_for_each(tmp_path)
                   "durable checkpoint", "SpotPreemption voting", "raw torch pipelining",
                   "peak memory per rank in a step, model_parallel (FSDP2) / ddp", "largest pipeline_parallel stage",
                   "first training step", "resumable loader", "model_parallel shards", "ZeRO-1 per-rank shares",
-                  "HangWatchdog / none", "restarted job's first step"):  # fmt: skip
+                  "HangWatchdog / none", "restarted job's first step", "goodput at a fault every",
+                  "SIGKILL → first resumed step", "memory snapshots auto"):  # fmt: skip
         assert named in measures, measures
     assert "lightning-scale benchmarks" in done.stdout
     assert len(markdown(latest["summary"]).splitlines()) == len(latest["summary"]) + 2

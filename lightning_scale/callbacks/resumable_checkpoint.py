@@ -320,6 +320,12 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             self._save_last_checkpoint(trainer, candidates)
 
     @property
+    def snapshot_cadence(self) -> SnapshotCadence | None:
+        """How far apart memory snapshots are (``None``: off): ``steps()`` is the number of steps the cadence gives
+        now (chosen from the measured costs with ``"auto"``), ``every_n_steps`` a fixed number, which may be set."""
+        return None if self._snapshots is None else self._snapshots.cadence
+
+    @property
     def last_snapshot_seconds(self) -> float | None:
         """Time training waited for this rank's latest memory snapshot (``None``: none taken)."""
         return None if self._snapshots is None else self._snapshots.last_seconds
