@@ -13,14 +13,16 @@ Lightning script, and the snapshot-overhead fits.
   every_n_train_steps=K, save_last=True)`` and ``trainer.fit(ckpt_path="last")``.
 - ``python _goodput_job.py overhead ...`` (under torchrun, one process per node): one fit with every callback of the
   ``lightning-scale`` command's defaults, memory snapshots on (``"auto"``, as the goodput run uses them: on two nodes,
-  each snapshot is also copied to the other node) and off in blocks of steps (:class:`SnapshotBlocks`); rank 0 writes
-  each pair of blocks' mean step times and the cadence ``"auto"`` chose to ``--out``.
+  each snapshot is also copied to the other node) and off in blocks of whole cadences (:class:`SnapshotBlocks`); rank
+  0 writes each pair of blocks' mean step times and the cadence ``"auto"`` chose, with its measured costs, to
+  ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -142,28 +144,33 @@ def stock(args: argparse.Namespace) -> None:
 
 
 class SnapshotBlocks(pl.Callback):
-    """Memory snapshots on and off in turn, in blocks of ``block`` steps, after ``warmup`` steps with them on (the
-    first snapshots allocate their memory, here and on the other node); pairs of blocks, the order swapped every pair.
-    Each step's time is the time from the end of the step before: it holds the snapshot decided at that end, so an
-    "on" block holds its own snapshots (the cadence ``"auto"`` chose: the first falls on its first step), an "off"
-    block none. The switch is made on every rank at the same step, before ``ResumableCheckpoint`` (which Lightning
-    runs last) decides.
+    """Memory snapshots on and off in turn, in blocks of steps, after ``warmup`` steps with them on (``"auto"``: the
+    first snapshots and copies allocate their memory, here and on the other node, and the cadence measures its costs);
+    ``pairs`` pairs of blocks, the order swapped every pair, then the fit stops. "On" blocks snapshot every ``k``
+    steps, ``k`` being what ``"auto"`` chose by the warm-up's end (rank 0's), and a block is as many times ``k`` steps
+    as make at least ``min_block``: each "on" block holds the same number of snapshots, those of the cadence
+    ``"auto"`` settled on. Each step's time is the time from the end of the step before: it holds the snapshot decided
+    at that end, and the switch is made on every rank at the same step, before ``ResumableCheckpoint`` (which
+    Lightning runs last) decides.
 
     Args:
         checkpoint: The fit's ``ResumableCheckpoint``, with ``snapshot_every_n_steps="auto"``.
         warmup: Steps before the first block.
-        block: Steps of a block.
+        min_block: The fewest steps of a block.
+        pairs: Pairs of blocks.
     """
 
-    def __init__(self, checkpoint: Any, warmup: int, block: int) -> None:
+    def __init__(self, checkpoint: Any, warmup: int, min_block: int, pairs: int) -> None:
         self.cadence = checkpoint.snapshot_cadence
-        self.warmup, self.block = warmup, block
+        self.warmup, self.min_block, self.pairs = warmup, min_block, pairs
+        self.block: int | None = None
+        self.every: int | None = None
         self.ends: list[float] = []
         self.seen = -1
 
     def mode(self, step_index: int) -> str:
         """``"on"`` or ``"off"`` for the step of index ``step_index`` (0 is the fit's first)."""
-        if step_index < self.warmup:
+        if self.block is None or step_index < self.warmup:
             return "on"
         block = (step_index - self.warmup) // self.block
         first = "on" if (block // 2) % 2 == 0 else "off"
@@ -174,18 +181,28 @@ class SnapshotBlocks(pl.Callback):
             return
         self.seen = trainer.global_step
         self.ends.append(time.perf_counter())
-        self.cadence.every_n_steps = None if self.mode(len(self.ends)) == "on" else 10**9
+        if len(self.ends) == self.warmup:
+            self.every = int(trainer.strategy.broadcast(self.cadence.steps(), src=0))
+            self.block = self.every * math.ceil(self.min_block / self.every)
+        if self.every is not None:
+            self.cadence.every_n_steps = self.every if self.mode(len(self.ends)) == "on" else 10**9
+        if self.block is not None and len(self.ends) >= self.warmup + 2 * self.pairs * self.block:
+            trainer.should_stop = True
 
-    def pairs(self) -> list[dict[str, Any]]:
-        """Per pair of blocks, each block's mean step time, and the cadence of the "on" one."""
+    def results(self) -> list[dict[str, Any]]:
+        """Per pair of blocks, each block's mean step time, and the cadence "auto" had (its costs at the end)."""
+        assert self.block is not None, "the fit ended before its warm-up did"
         times: dict[tuple[int, str], list[float]] = {}
-        for index in range(max(self.warmup, 1), len(self.ends)):
+        for index in range(self.warmup, len(self.ends)):
             block = (index - self.warmup) // self.block
             times.setdefault((block // 2, self.mode(index)), []).append(self.ends[index] - self.ends[index - 1])
-        pairs = sorted({pair for pair, _ in times})
-        self.cadence.every_n_steps = None  # what "auto" chose, whichever block came last
-        cadence = {"snapshot_every_n_steps": self.cadence.steps(), "snapshot_s": self.cadence.snapshot_seconds}
+        c = self.cadence
+        c.every_n_steps = None  # for its measured costs below
+        cadence = {"snapshot_every_n_steps": self.every, "snapshot_s": c.snapshot_seconds, "cost_s": c.cost_seconds(),
+                   "copy_steps": c.copy_steps, "copying_step_s": c.copying_step_seconds,
+                   "quiet_step_s": c.step_seconds}  # fmt: skip
         mean = {key: sum(values) / len(values) for key, values in times.items()}
+        pairs = sorted({pair for pair, _ in times})
         return [{"off": {"step_s": mean[p, "off"]}, "on": {"step_s": mean[p, "on"], **cadence}}
                 for p in pairs if (p, "off") in mean and (p, "on") in mean]  # fmt: skip
 
@@ -205,13 +222,12 @@ def overhead(args: argparse.Namespace) -> None:
     pl.seed_everything(0, verbose=False)
     # no durable save inside the timed steps
     checkpoint = ResumableCheckpoint(str(Path(args.out_dir) / "ckpt"), every_n_train_steps=10**9)
-    blocks = SnapshotBlocks(checkpoint, args.warmup, args.block)
+    blocks = SnapshotBlocks(checkpoint, args.warmup, args.block, args.pairs)
     defaults = [SpotPreemption(), CostTracker(price_per_hour=1.0), HangWatchdog(), StragglerDetector()]
-    steps = args.warmup + 2 * args.pairs * args.block
-    trainer = _trainer(steps, [blocks, checkpoint, *defaults])
+    trainer = _trainer(10**7, [blocks, checkpoint, *defaults])  # SnapshotBlocks stops it
     trainer.fit(GoodputMLP(args.width, args.depth), datamodule=GoodputData())
     if distributed.rank() == 0:
-        Path(args.out).write_text(json.dumps(blocks.pairs()))
+        Path(args.out).write_text(json.dumps(blocks.results()))
     distributed.destroy_process_group(process_ends=True)
 
 
@@ -225,7 +241,7 @@ def main() -> None:
     parser.add_argument("--ckpt-dir", help="stock: the checkpoints' folder")
     parser.add_argument("--every", type=int, help="stock: steps between durable checkpoints")
     parser.add_argument("--pairs", type=int, default=1, help="overhead: pairs of blocks, snapshots on and off")
-    parser.add_argument("--block", type=int, default=42, help="overhead: steps of a block")
+    parser.add_argument("--block", type=int, default=42, help="overhead: the fewest steps of a block")
     parser.add_argument("--warmup", type=int, default=30, help="overhead: steps with snapshots on before the blocks")
     parser.add_argument("--out", help="overhead: the JSON rank 0 writes")
     args = parser.parse_args()

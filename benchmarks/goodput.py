@@ -76,14 +76,14 @@ class Config:
     rounds: int
     every: int
     overhead_pairs: int  # pairs of blocks of steps with snapshots on and off, in one fit
-    overhead_block: int  # steps of a block
-    overhead_warmup: int  # steps of the fit before the first block: the first snapshots allocate their memory
+    overhead_block: int  # the fewest steps of a block (a whole number of the cadence "auto" chose)
+    overhead_warmup: int  # steps before the first block: the first snapshots allocate, "auto" measures its costs
     variants: tuple[str, ...] = VARIANTS
     seed: int = 0
 
 
-FULL = Config(width=2048, depth=4, interval_s=60.0, faults=4, rounds=1, every=50, overhead_pairs=12, overhead_block=42,
-              overhead_warmup=30)  # fmt: skip
+FULL = Config(width=2048, depth=4, interval_s=60.0, faults=4, rounds=1, every=50, overhead_pairs=16, overhead_block=42,
+              overhead_warmup=600)  # fmt: skip
 QUICK = Config(width=256, depth=2, interval_s=1.5, faults=4, rounds=1, every=10, overhead_pairs=1, overhead_block=5,
                overhead_warmup=5, variants=("stock", "now"))  # fmt: skip
 

@@ -89,6 +89,9 @@ class MemorySnapshots(ProcessLocal):
         self._since = 0
         self._step_seen = -1
         self._last_step_end: float | None = None
+        self._copy_steps = 0  # steps so far beside the copy to another node in flight
+        self._copy_beside = False  # whether a copy was in flight when the step now running began
+        self._copies_sent = 0
 
     def setup(self, trainer: pl.Trainer, dirpath: str) -> None:
         """Snapshot this fit: under DDP (``ddp``, ``data_parallel``) and on one device, where each rank's checkpoint
@@ -102,6 +105,7 @@ class MemorySnapshots(ProcessLocal):
         sharded = isinstance(strategy, DataParallelStrategy) and (strategy.zero_stage or strategy.grad_compression)
         self._portable = not sharded  # ZeRO shares and PowerSGD's error feedback differ per rank
         self._room_checked, self._since, self._step_seen, self._last_step_end = False, 0, -1, None
+        self._copy_steps, self._copy_beside, self._copies_sent = 0, False, 0
         self._warned = False
         if PeerCopies.needed(trainer.world_size, trainer.num_devices):  # each snapshot also on the next node
             group = distributed.new_group("gloo")
@@ -139,9 +143,7 @@ class MemorySnapshots(ProcessLocal):
         """After an optimizer step, take a snapshot when it is due (never in the middle of gradient accumulation)."""
         if self._node is None or trainer.global_step == self._step_seen:
             return
-        now = self.clock()
-        if self._last_step_end is not None:
-            self.cadence.record_step(now - self._last_step_end)
+        self._time_step(self.clock())
         self._since += 1
         if self.cadence.every_n_steps is not None:
             due = trainer.global_step % self.cadence.every_n_steps == 0
@@ -152,6 +154,24 @@ class MemorySnapshots(ProcessLocal):
             with HangWatchdog.excluding(trainer, f"taking a memory snapshot of step {trainer.global_step}"):
                 self._take(trainer)
         self._last_step_end = self.clock()
+        self._copy_beside = self._peers is not None and self._peers.busy()
+
+    def _time_step(self, now: float) -> None:
+        """Give the cadence the step that just ended: with or without a copy to another node beside it (one in flight
+        when the step began). Steps beside the first copies, which may allocate the other node's memory, are left
+        out, as snapshots that allocate are."""
+        measured = self._copies_sent > SLOTS
+        if self._last_step_end is not None and (measured or not self._copy_beside):
+            self.cadence.record_step(now - self._last_step_end, self._copy_beside)
+        if self._copy_beside:
+            self._copy_steps += 1
+        elif self._copy_steps:  # the copy ended in the step before
+            self._copy_ended()
+
+    def _copy_ended(self) -> None:
+        if self._copies_sent > SLOTS:
+            self.cadence.record_copy(self._copy_steps)
+        self._copy_steps = 0
 
     def _ballot(self, trainer: pl.Trainer, outputs: STEP_OUTPUT) -> bool | None:
         if trainer.global_step == self._step_seen:
@@ -164,6 +184,8 @@ class MemorySnapshots(ProcessLocal):
         slots = self._node.slots(distributed.rank())
         if self._peers is not None:
             self._peers.wait()  # the slot written now may be the one still being sent
+            if self._copy_steps:  # it ran beside every step since the previous snapshot
+                self._copy_ended()
         slot = slots.begin()  # a process that dies from here until the commit leaves the other slot as the newest
         with rank_local_values():
             checkpoint = dump_checkpoint(trainer, weights_only=False)
@@ -205,6 +227,7 @@ class MemorySnapshots(ProcessLocal):
             return
         if self._peers is not None:
             self._peers.send(meta, buffer[: packed.nbytes])
+            self._copies_sent += 1
         self.last_seconds = self.clock() - started
         if mapped >= packed.nbytes:  # a snapshot that first had to allocate its memory is not a measure
             self.cadence.record_snapshot(self.last_seconds)

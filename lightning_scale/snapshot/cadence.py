@@ -1,10 +1,15 @@
 """How many training steps apart memory snapshots are, from what a snapshot and a step cost here.
 
-A snapshot blocks training for ``C`` seconds (the copy into memory), a step takes ``S``. Snapshotting every ``k``
-steps costs ``C / (k S)`` of the step time and loses ``k S / 2`` on average per failure. ``k`` is the smallest number
-of steps that keeps the cost within ``max_overhead``; given a mean time between failures ``M``, it is at least the
-Young/Daly interval ``sqrt(2 C M)`` in steps, which wastes the least time overall. A small state (``C`` well under
-``max_overhead · S``) is snapshot every step.
+A snapshot costs training ``C`` seconds, a step takes ``S``. Snapshotting every ``k`` steps costs ``C / (k S)`` of the
+step time and loses ``k S / 2`` on average per failure. ``k`` is the smallest number of steps that keeps the cost
+within ``max_overhead``; given a mean time between failures ``M``, it is at least the Young/Daly interval
+``sqrt(2 C M)`` in steps, which wastes the least time overall. A small state (``C`` well under ``max_overhead · S``)
+is snapshot every step.
+
+``C`` is measured, in two parts: the time training waits for the copy into memory, and, where each snapshot is also
+sent to another node on threads beside training, what the steps that ran beside that copy took beyond a step with no
+copy (their mean difference times their number). On a GPU node the copy runs on otherwise idle cores and the second
+part is about nothing; in CPU training with every core busy, it is most of ``C``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class SnapshotCadence:
         1
         >>> cadence.record_step(0.25); cadence.record_snapshot(0.015); cadence.steps()
         3
+        >>> cadence.record_step(0.3, copying=True); cadence.record_copy(2)  # 2 steps 50 ms slower beside the copy
+        >>> round(cadence.cost_seconds(), 3), cadence.steps()
+        (0.115, 23)
     """
 
     def __init__(self, every_n_steps: int | None, max_overhead: float, mtbf_seconds: float | None = None) -> None:
@@ -45,24 +53,52 @@ class SnapshotCadence:
         self.max_overhead = max_overhead
         self.mtbf_seconds = mtbf_seconds
         self.step_seconds: float | None = None
+        """Running mean of a step with no snapshot and no copy beside it."""
+        self.copying_step_seconds: float | None = None
+        """Running mean of a step with a copy to another node beside it."""
+        self.copy_steps: int | None = None
+        """Steps that the latest copy to another node ran beside."""
         self.snapshot_seconds: float | None = None
 
-    def record_step(self, seconds: float) -> None:
-        """One training step took ``seconds`` (without a snapshot)."""
-        previous = self.step_seconds
-        self.step_seconds = seconds if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * seconds
+    def record_step(self, seconds: float, copying: bool = False) -> None:
+        """One training step took ``seconds`` (without a snapshot); ``copying``: a copy to another node ran beside
+        it."""
+        if copying:
+            self.copying_step_seconds = _mean(self.copying_step_seconds, seconds)
+        else:
+            self.step_seconds = _mean(self.step_seconds, seconds)
 
     def record_snapshot(self, seconds: float) -> None:
         """One snapshot blocked training for ``seconds``."""
         self.snapshot_seconds = seconds
 
+    def record_copy(self, steps: int) -> None:
+        """The latest copy to another node ran beside ``steps`` training steps."""
+        self.copy_steps = steps
+
+    def cost_seconds(self) -> float | None:
+        """What one snapshot costs training (``None``: not measured yet; see the module's description)."""
+        if self.snapshot_seconds is None:
+            return None
+        beside = 0.0
+        if self.copy_steps and self.copying_step_seconds is not None and self.step_seconds is not None:
+            beside = max(0.0, self.copying_step_seconds - self.step_seconds) * self.copy_steps
+        return self.snapshot_seconds + beside
+
     def steps(self) -> int:
         """Steps from one snapshot to the next."""
         if self.every_n_steps is not None:
             return self.every_n_steps
-        if not self.step_seconds or self.snapshot_seconds is None:
+        cost = self.cost_seconds()
+        # with a copy beside every step (every step snapshot), a step with none is measured once the cadence allows
+        step = self.step_seconds or self.copying_step_seconds
+        if not step or cost is None:
             return 1
-        interval = self.snapshot_seconds / self.max_overhead
+        interval = cost / self.max_overhead
         if self.mtbf_seconds is not None:
-            interval = max(interval, young_daly_interval_seconds(self.snapshot_seconds, self.mtbf_seconds))
-        return max(1, math.ceil(interval / self.step_seconds))
+            interval = max(interval, young_daly_interval_seconds(cost, self.mtbf_seconds))
+        return max(1, math.ceil(interval / step))
+
+
+def _mean(previous: float | None, seconds: float) -> float:
+    return seconds if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * seconds

@@ -60,6 +60,10 @@ class PeerCopies:
         self._sending = threading.Thread(target=self._send, args=(meta, bulk), daemon=True)
         self._sending.start()
 
+    def busy(self) -> bool:
+        """Whether a snapshot is being sent now."""
+        return self._sending is not None and self._sending.is_alive()
+
     def wait(self) -> None:
         """Until the snapshot being sent was received."""
         if self._sending is not None:

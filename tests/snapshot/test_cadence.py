@@ -35,3 +35,21 @@ def test_a_fixed_cadence_and_bad_arguments():
     ]:
         with pytest.raises(ValueError, match=message):
             SnapshotCadence(**kwargs)
+
+
+def test_what_steps_beside_a_copy_to_another_node_lose_counts_once_a_step_without_one_is_measured():
+    cadence = SnapshotCadence(None, max_overhead=0.01)
+    cadence.record_snapshot(0.02)
+    cadence.record_step(0.2, copying=True)  # snapshots every step: every step has a copy beside it
+    cadence.record_copy(1)
+    assert cadence.cost_seconds() == 0.02 and cadence.steps() == 10  # from the wait alone, until a quiet step
+    cadence.record_step(0.1)
+    assert cadence.cost_seconds() == pytest.approx(0.12) and cadence.steps() == 120
+    cadence.record_step(0.1, copying=True)  # the copy's steps got faster: a running mean
+    assert cadence.copying_step_seconds == pytest.approx(0.18)
+    cadence.record_step(0.05, copying=True)
+    cadence.record_copy(3)
+    assert cadence.cost_seconds() == pytest.approx(0.02 + (0.154 - 0.1) * 3)
+    cadence.record_step(0.3)  # quiet steps now slower than those beside the copy: nothing is lost to it
+    cadence.record_step(0.3)
+    assert cadence.step_seconds == pytest.approx(0.172) and cadence.cost_seconds() == pytest.approx(0.02)
