@@ -364,6 +364,12 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             self._saving.forget_staged()
         return filepath
 
+    def release_memory_snapshots(self, trainer: pl.Trainer) -> None:
+        """Remove the job's memory snapshots from every node; call on every rank once its newest state is durable (a
+        preemption's checkpoint): the job is leaving these machines, and one that stays up gets its memory back."""
+        if self._snapshots is not None:
+            self._snapshots.finish(trainer)
+
     @override
     def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
         try:

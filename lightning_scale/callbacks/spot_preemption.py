@@ -272,6 +272,7 @@ class SpotPreemption(ProcessLocal, Callback):
         if save:
             try:
                 path = self._checkpoint.save_now(trainer)
+                self._checkpoint.release_memory_snapshots(trainer)  # no newer than the checkpoint: not needed
             except CheckpointStorageError as err:  # raised on every rank; the previous checkpoint is untouched
                 rank_zero_warn(f"The emergency checkpoint failed ({err}); exiting anyway.")
         self._report(trainer, notice, path, time.time() - notice.received_unix)

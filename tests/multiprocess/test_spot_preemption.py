@@ -78,7 +78,7 @@ def assert_same_final_weights(job: Path, reference: Path) -> None:
     ids=["rank0-second-epoch-async-saves"],  # rank 1 alone, epoch 0 and the user's data: the user-code matrix
 )
 def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(
-    tmp_path, reference_run, rank, step, async_save
+    tmp_path, reference_run, snapshot_root, rank, step, async_save
 ):
     steps = BATCHES_PER_EPOCH + 12
     reference = reference_run(base_config(steps))
@@ -94,6 +94,7 @@ def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(
     assert "exitcode  : 143" in log and "Preempted at step" in log
     assert "Auto-resuming" not in log  # the first attempt started fresh; the checks below see where the re-run starts
     assert processes_mentioning(tmp_path / "job") == []  # ranks and dataloader workers are all gone
+    assert list(snapshot_root.iterdir()) == []  # the snapshots, no newer than the checkpoint, were freed
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is not None and manifest.global_step == step + 1  # the step all ranks agreed on
 
