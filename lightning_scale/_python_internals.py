@@ -13,18 +13,30 @@
    child, its sibling, gets ``ChildProcessError``). The adopted server's ``ensure_running`` looks at ``/proc``
    instead, and forgets a server that is gone, so that a new one is started.
 
+3. ``start_resource_tracker_apart``: ``multiprocessing.resource_tracker._resource_tracker._fd`` (whether this process
+   has a tracker) and ``multiprocessing.util.spawnv_passfds``, through which ``ResourceTracker.ensure_running`` starts
+   the tracker as ``python -c 'from multiprocessing.resource_tracker import main;main(fd)'``. The tracker unlinks the
+   named semaphores (``/dev/shm/sem.mp-*``) that forkserver DataLoader workers' queues leave when their process dies;
+   started as usual it shares the rank's process group, and torchrun ends a rank by killing that whole group
+   (``os.killpg``, SIGKILL 30 s after SIGTERM for a stopped rank), the tracker with it, so they stayed in ``/dev/shm``.
+   Started apart, in a process group of its own, it outlives the kill, sees the rank's end and unlinks them.
+
 ``tests/test_python_internals.py`` fails loudly when a Python upgrade moves them.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
+import time
+from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from typing import Any
 
-__all__ = ["adopt_forkserver", "forkserver_pid", "run_exit_functions"]
+__all__ = ["adopt_forkserver", "forkserver_pid", "run_exit_functions", "start_resource_tracker_apart"]
 
 
 def run_exit_functions() -> None:
@@ -67,3 +79,28 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+def start_resource_tracker_apart() -> None:
+    """Start this process's multiprocessing resource tracker in a process group of its own, unless it has one already
+    (see the module's description); it ends, as always, once every process that uses it is gone."""
+    tracker: Any = resource_tracker._resource_tracker
+    if tracker._fd is not None:
+        return
+    spawn: Any = multiprocessing.util.spawnv_passfds
+
+    def spawn_apart(path: bytes, args: Sequence[Any], passfds: Sequence[int]) -> int:
+        code = list(args).index("-c") + 1
+        apart = [*args[:code], f"import os; os.setpgid(0, 0); {args[code]}", *args[code + 1 :]]
+        pid = spawn(path, apart, passfds)
+        deadline = time.monotonic() + 5  # apart once its interpreter has started (tens of ms)
+        with contextlib.suppress(ProcessLookupError):
+            while os.getpgid(pid) == os.getpgrp() and time.monotonic() < deadline:
+                time.sleep(0.002)
+        return int(pid)
+
+    multiprocessing.util.spawnv_passfds = spawn_apart
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        multiprocessing.util.spawnv_passfds = spawn

@@ -25,6 +25,7 @@ _SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
 _SHARED_MEMORY = Path("/dev/shm")
 _shared_memory_before: set[str] = set()
 _shared_memory_left: set[str] = set()
+_shared_memory_first_seen: dict[str, str] = {}  # entry -> the test after which it was first seen
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,6 +51,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _shared_memory_left:
         left = sorted(_shared_memory_left)
         terminalreporter.write_line(f"FAILED: the tests left {len(left)} entries in {_SHARED_MEMORY}: {left[:10]}")
+        by_test: dict[str, list[str]] = {}
+        for entry in left:
+            by_test.setdefault(_shared_memory_first_seen.get(entry, "(after the last test)"), []).append(entry)
+        for test, entries in by_test.items():
+            terminalreporter.write_line(f"  first seen after {test}: {len(entries)} ({entries[:3]})")
+
+
+@pytest.fixture(autouse=True)
+def _note_shared_memory_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Which test an entry of /dev/shm first appeared after: what the failure above names."""
+    yield
+    for entry in _shared_memory() - _shared_memory_before:
+        _shared_memory_first_seen.setdefault(entry, request.node.nodeid)
 
 
 def _shared_memory() -> set[str]:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
 
 
 def test_run_exit_functions_runs_what_atexit_registered_in_a_process_that_leaves_with_os_exit():
@@ -65,3 +71,38 @@ def test_a_forked_child_adopts_its_parents_forkserver_and_relaunches_one_once_it
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["adopted True True", "killed 2", "relaunched True"], done.stderr
+
+
+_TRACKER = """
+import multiprocessing, os, sys, time
+from lightning_scale._python_internals import start_resource_tracker_apart
+if sys.argv[1] == "apart":
+    start_resource_tracker_apart()
+lock = multiprocessing.get_context("forkserver").Lock()  # a named semaphore, registered with the tracker
+from multiprocessing import resource_tracker
+print(lock._semlock.name, resource_tracker._resource_tracker._pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("apart", [True, False], ids=["apart", "as-usual"])
+def test_the_tracker_started_apart_outlives_a_kill_of_the_ranks_group_and_unlinks_its_semaphores(apart):
+    """A rank as torchrun starts it (a session of its own) with a named semaphore, its whole group killed as torchrun
+    ends it: the tracker started apart unlinks the semaphore; the usual one dies with the group and leaves it."""
+    rank = subprocess.Popen(
+        [sys.executable, "-c", _TRACKER, "apart" if apart else "usual"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        name, tracker = rank.stdout.readline().split()  # type: ignore[union-attr]
+        semaphore = Path("/dev/shm") / f"sem.{name.lstrip('/')}"
+        assert semaphore.exists()
+        assert (os.getpgid(int(tracker)) != rank.pid) is apart
+    finally:
+        os.killpg(rank.pid, signal.SIGKILL)
+        rank.wait()
+    deadline = time.monotonic() + 10
+    while semaphore.exists() and apart and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert semaphore.exists() is not apart
+    semaphore.unlink(missing_ok=True)  # the usual tracker's leak: not left for the suite's check

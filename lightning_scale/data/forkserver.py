@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from lightning_scale._linux import parent_ids
-from lightning_scale._python_internals import forkserver_pid
+from lightning_scale._python_internals import forkserver_pid, start_resource_tracker_apart
 
 __all__ = [
     "FORKSERVER_MAX_ARRAY_BYTES",
@@ -67,6 +67,7 @@ def safe_worker_context(loader: Any, name: str) -> multiprocessing.context.BaseC
         return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when the forkserver starts (once per process)
+    start_resource_tracker_apart()  # the workers' semaphores are unlinked even if torchrun kills the rank's group
     return context
 
 
@@ -75,6 +76,7 @@ def start_forkserver() -> int:
     its process id. Processes forked from this one afterwards use it once they adopt it
     (:func:`lightning_scale._python_internals.adopt_forkserver`)."""
     multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    start_resource_tracker_apart()  # which the server and its workers use too
     multiprocessing.forkserver.ensure_running()
     pid = forkserver_pid()
     assert pid is not None, "ensure_running started no forkserver"
