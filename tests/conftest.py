@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from lightning_scale import knobs
 from lightning_scale._warnings import ignore_library_warnings
+from tests import suite_guards
 from tests.faulty_fs import FaultyFileSystem
 
 pytest_plugins = ["tests.s3"]  # the S3 server fixtures
@@ -26,6 +27,7 @@ _SHARED_MEMORY = Path("/dev/shm")
 _shared_memory_before: set[str] = set()
 _shared_memory_left: set[str] = set()
 _shared_memory_first_seen: dict[str, str] = {}  # entry -> the test after which it was first seen
+_ON_CI = suite_guards.on_ci(dict(os.environ))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,6 +35,24 @@ def pytest_configure(config: pytest.Config) -> None:
     # importing lightning_scale installs (during collection) would not last: install them first, as a user's run has
     ignore_library_warnings()
     _shared_memory_before.update(_shared_memory())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A whole run that misses a test function of ``tests/`` (a file or a function pytest does not pick up) fails
+    before it starts: the package's doctests alone must not make a passing run."""
+    if session.config.option.collectonly or not suite_guards.whole_run(session.config):
+        return
+    missing = suite_guards.uncollected(Path(__file__).parent, session.items)
+    if missing:
+        pytest.exit(f"{len(missing)} test functions were not collected: {missing[:5]}", pytest.ExitCode.TESTS_FAILED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Under ``CI=true`` (``.ci/run`` sets it) a skipped test fails."""
+    outcome = yield
+    if _ON_CI:
+        suite_guards.skip_as_failure(outcome.get_result())  # type: ignore[attr-defined]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
