@@ -20,6 +20,7 @@ from lightning_scale.checkpoint.manifest import find_newest_valid, list_manifest
 from lightning_scale.checkpoint.progress import PROGRESS_NAME
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
 from lightning_scale.strategies import ModelParallelStrategy
+from lightning_scale.testing import assert_same_tensors
 from tests import fitting
 from tests.fitting import AtStep
 
@@ -98,7 +99,7 @@ def test_unreachable_s3_endpoint_fails_at_fit_start_before_any_step_naming_the_d
     finally:
         assert recorder.steps == []
         assert trainer.global_step == 0
-        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+        assert_same_tensors(model.state_dict(), before, "weights")
     assert repr(dirpath) in str(info.value)
     assert "check credentials and the endpoint" in str(info.value)
 

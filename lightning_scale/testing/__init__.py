@@ -5,6 +5,7 @@ from lightning_scale.testing.exact_resume import (
     ResumeReport,
     assert_exact_resume,
     assert_same_final_weights,
+    assert_same_tensors,
     read_traces,
     run_interrupted_and_reference,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "StepClock",
     "assert_exact_resume",
     "assert_same_final_weights",
+    "assert_same_tensors",
     "kill_process_tree",
     "launch_command",
     "launch_environment",

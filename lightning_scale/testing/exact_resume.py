@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,7 +14,7 @@ import torch
 from lightning_scale.testing.job import JobConfig, write_job
 from lightning_scale.testing.launch import run_attempt
 
-__all__ = ["ResumeReport", "assert_exact_resume", "read_traces", "run_interrupted_and_reference"]
+__all__ = ["ResumeReport", "assert_exact_resume", "assert_same_tensors", "read_traces", "run_interrupted_and_reference"]
 
 
 @dataclasses.dataclass
@@ -211,6 +211,18 @@ def assert_same_final_weights(out_dir: str | Path, reference_dir: str | Path, de
     for rank in range(devices):
         final = torch.load(Path(out_dir) / f"final_rank{rank}.pt", weights_only=True)
         expected = torch.load(Path(reference_dir) / f"final_rank{rank}.pt", weights_only=True)
-        assert expected and final.keys() == expected.keys(), (rank, sorted(final), sorted(expected))
-        for name, tensor in expected.items():
-            assert torch.equal(final[name], tensor), f"rank {rank}: {name} differs from the reference run's"
+        assert_same_tensors(final, expected, f"rank {rank}")
+
+
+def assert_same_tensors(
+    actual: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], where: str = ""
+) -> None:
+    """``actual`` holds the same tensor names as ``expected`` (at least one), each equal bit for bit.
+
+    Raises:
+        AssertionError: Naming ``where``, the names that differ between the two, or the first tensor that differs.
+    """
+    assert expected, f"{where}: nothing to compare (no tensor expected)"
+    assert actual.keys() == expected.keys(), f"{where}: names differ: {sorted(actual)} != {sorted(expected)}"
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), f"{where}: {name} differs from the expected tensor"

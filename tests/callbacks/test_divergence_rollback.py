@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from examples.char_transformer import CharDataModule
 from lightning_scale.callbacks import DivergenceRollback, ResumableCheckpoint
+from lightning_scale.testing import assert_same_tensors
 from tests import fitting
 from tests.factories import PoisonedTransformer
 
@@ -45,7 +46,7 @@ def test_a_nan_loss_rolls_back_to_the_last_checkpoint_and_training_goes_on(tmp_p
     trainer = fit(tmp_path, tiny_trainer_kwargs, PoisonedTransformer(steps=(6,)), rollback, logger=logger)
     assert trainer.global_step == 12 and rollback.rollbacks == 1
     restored = weights_of_step(tmp_path, 5)
-    assert all(torch.equal(Snapshot.snapshots[0][k], v) for k, v in restored.items())  # exactly step 5's weights
+    assert_same_tensors(Snapshot.snapshots[0], restored, "restored weights")  # exactly step 5's weights
     assert all(torch.isfinite(p).all() for p in trainer.lightning_module.parameters())
     with open(next((tmp_path / "logs").rglob("metrics.csv"))) as handle:
         rows = [row for row in csv.DictReader(handle) if row.get("divergence/rollbacks")]
@@ -64,7 +65,7 @@ def test_divergence_after_max_rollbacks_rolls_back_once_more_and_stops(tmp_path,
     trainer = fit(tmp_path, tiny_trainer_kwargs, PoisonedTransformer(steps=(6, 8)), rollback, max_steps=20)
     assert rollback.rollbacks == 2 and trainer.global_step == 9  # stopped after the step that diverged again
     final = trainer.lightning_module.state_dict()
-    assert all(torch.equal(final[k], v) for k, v in weights_of_step(tmp_path, 5).items())  # no diverged weights
+    assert_same_tensors(final, weights_of_step(tmp_path, 5), "final weights")  # no diverged weights
 
 
 def test_without_a_resumable_checkpoint_it_is_refused_at_setup(tiny_trainer_kwargs):

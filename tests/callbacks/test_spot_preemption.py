@@ -16,7 +16,7 @@ from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import Notice, SignalNotice
-from lightning_scale.testing import CloudNotices, Fault, JobConfig, run_attempt, write_job
+from lightning_scale.testing import CloudNotices, Fault, JobConfig, assert_same_tensors, run_attempt, write_job
 from tests.wandb_records import exit_codes, history_values, read_records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,7 +256,7 @@ def test_with_gradient_accumulation_it_stops_after_an_optimizer_step_and_resumes
     run_attempt(job, 100, expect="finish")
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
     expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
-    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+    assert_same_tensors(resumed, expected, "weights")
 
 
 @pytest.mark.timeout(180)
@@ -278,4 +278,4 @@ def test_a_sigterm_to_every_process_of_the_job_saves_at_the_next_step_and_resume
     run_attempt(job, 100, expect="finish")
     resumed = torch.load(tmp_path / "job" / "final_rank0.pt", weights_only=True)
     expected = torch.load(tmp_path / "reference" / "final_rank0.pt", weights_only=True)
-    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+    assert_same_tensors(resumed, expected, "weights")

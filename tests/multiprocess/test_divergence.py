@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_scale.testing import JobConfig, read_traces, run_attempt, write_job
+from lightning_scale.testing import JobConfig, assert_same_tensors, read_traces, run_attempt, write_job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
@@ -27,4 +27,4 @@ def test_nan_on_one_rank_rolls_back_every_rank_and_they_stay_in_sync(tmp_path):
     assert [len(trace) for trace in read_traces(tmp_path / "job", 2).values()] == [12, 12]
     weights = [torch.load(tmp_path / "job" / f"final_rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert all(torch.isfinite(t).all() for t in weights[0].values())
-    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # the replicas never drifted apart
+    assert_same_tensors(weights[0], weights[1], "rank 0 against rank 1")  # the replicas never drifted apart

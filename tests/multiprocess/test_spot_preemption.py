@@ -21,6 +21,7 @@ from lightning_scale.testing import (
     CloudNotices,
     Fault,
     JobConfig,
+    assert_same_tensors,
     kill_process_tree,
     launch_command,
     launch_environment,
@@ -69,7 +70,7 @@ def reference_run(tmp_path_factory):
 def assert_same_final_weights(job: Path, reference: Path) -> None:
     resumed = torch.load(job / "final_rank0.pt", weights_only=True)
     expected = torch.load(reference / "final_rank0.pt", weights_only=True)
-    assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+    assert_same_tensors(resumed, expected, "rank 0's final weights")
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from lightning_scale.checkpoint import CheckpointStore, consolidate_checkpoint
 from lightning_scale.checkpoint.manifest import read_manifest
 from lightning_scale.checkpoint.sharded import load_sharded
 from lightning_scale.parallel.data import SHARDS_KEY
-from lightning_scale.testing import assert_exact_resume
+from lightning_scale.testing import assert_exact_resume, assert_same_tensors
 from tests import factories, fitting
 from tests.fitting import FirstStep
 from tests.jobs import run_json_jobs
@@ -99,4 +99,4 @@ def test_zero_stage_1_with_powersgd_resumes_bitwise_equal_from_per_rank_shares_t
     (tmp_path / "one").mkdir()
     consolidate_checkpoint(directory / "epoch=1-step=8.ckpt", tmp_path / "one" / "one.ckpt")
     consolidated = one_more_step(dirpath=str(tmp_path / "one"))
-    assert all(torch.equal(merged_while_loading[name], tensor) for name, tensor in consolidated.items())
+    assert_same_tensors(merged_while_loading, consolidated, "weights")

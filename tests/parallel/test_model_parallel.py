@@ -12,6 +12,7 @@ from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.callbacks._checkpoint_format import choose_format
 from lightning_scale.checkpoint import consolidate_checkpoint
 from lightning_scale.strategies import ModelParallelStrategy
+from lightning_scale.testing import assert_same_tensors
 from tests.parallel.conftest import FSDP
 from tests.parallel.helpers import STEPS, relative, run_job
 
@@ -35,7 +36,7 @@ def test_fsdp2_matches_stock_ddp_in_half_the_memory_and_its_sharded_checkpoint_r
     consolidated = consolidate_checkpoint(ckpt, tmp_path / "one.ckpt")
     plain = CharTransformer(dropout=0.0)
     plain.load_state_dict(torch.load(tmp_path / "one.ckpt", weights_only=True)["state_dict"])
-    assert all(torch.equal(plain.state_dict()[k], v) for k, v in fsdp["weights"].items())
+    assert_same_tensors(plain.state_dict(), fsdp["weights"], "weights")
     # resharded onto one process: the same optimizer state, and training goes on
     one = run_job(tmp_path, "one", devices=1, strategy="model_parallel", strategy_kwargs=FSDP, steps=STEPS + 1,
                   resume_from=str(ckpt))  # fmt: skip

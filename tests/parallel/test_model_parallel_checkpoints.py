@@ -12,7 +12,7 @@ import torch
 from lightning_scale.checkpoint import CheckpointStore
 from lightning_scale.checkpoint.manifest import find_newest_valid, read_manifest
 from lightning_scale.checkpoint.sharded import load_sharded
-from lightning_scale.testing import Fault, JobConfig, ResumeReport, run_attempt, write_job
+from lightning_scale.testing import Fault, JobConfig, ResumeReport, assert_same_tensors, run_attempt, write_job
 from tests.multiprocess.test_spot_preemption import base_config
 from tests.parallel.conftest import FSDP
 from tests.s3 import s3_job_env
@@ -80,7 +80,7 @@ def test_a_spot_notice_with_a_save_in_flight_saves_exits_and_torchrun_restarts_i
     for rank in (0, 1):
         resumed = torch.load(tmp_path / "job" / f"final_rank{rank}.pt", weights_only=True)
         expected = torch.load(reference / f"final_rank{rank}.pt", weights_only=True)
-        assert all(torch.equal(resumed[name], tensor) for name, tensor in expected.items())
+        assert_same_tensors(resumed, expected, "weights")
 
 
 def test_a_checkpoint_written_on_two_processes_resumes_on_one_and_on_four_from_s3(tmp_path, s3_endpoint, s3_bucket):

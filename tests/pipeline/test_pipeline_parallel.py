@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_scale.testing import assert_same_tensors
 from tests.jobs import run_json_job, run_json_jobs
 from tests.pipeline.stack_model import StackModel, loader
 
@@ -135,7 +136,7 @@ def test_interrupted_and_resumed_pipeline_ends_equal_and_its_checkpoint_loads_in
     resumed = run_job(tmp_path / "b", "run", devices=2, pipeline=pipeline, crash_at=6, **config)  # the same command
     assert "Auto-resuming from" in resumed["log"]
     assert resumed["train"] == uninterrupted["train"][4:]  # steps 5..12 after the step-4 checkpoint, bit for bit
-    assert all(torch.equal(resumed["weights"][k], v) for k, v in uninterrupted["weights"].items())
+    assert_same_tensors(resumed["weights"], uninterrupted["weights"], "weights")
 
     # the newest checkpoint is the unsplit model's: one process reproduces the pipeline's validation loss from it
     newest = max((tmp_path / "b" / "checkpoints").glob("*.ckpt"), key=lambda p: int(p.stem.split("step=")[1]))
@@ -181,7 +182,7 @@ def test_a_spot_notice_on_one_stage_stops_the_pipeline_and_it_resumes_equal(tmp_
     assert "Preempted at step 6" in stopped["log"] and "exitcode  : 143" in stopped["log"]
     resumed = run_job(tmp_path / "b", "run", devices=2, pipeline=pipeline, sigterm_at=5, **config)
     assert resumed["train"] == uninterrupted["train"][6:]  # from the step every stage stopped at, bit for bit
-    assert all(torch.equal(resumed["weights"][k], v) for k, v in uninterrupted["weights"].items())
+    assert_same_tensors(resumed["weights"], uninterrupted["weights"], "weights")
 
 
 def test_four_stages_match_single_process_training(four_process_runs, reference):
