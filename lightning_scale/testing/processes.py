@@ -5,7 +5,9 @@ running; the tree has to be found from ``/proc`` (Linux).
 
 Multiprocessing's resource trackers in the tree are spared: each ends by itself once the processes that use it are
 gone, and unlinks the named semaphores they leave in ``/dev/shm`` (DataLoader queues' locks), which a lost machine's
-memory takes with it but a machine that only simulates the loss would keep.
+memory takes with it but a machine that only simulates the loss would keep. For the same reason the shared-memory
+segments of torch tensors that a killed process was handing to another (``/dev/shm/torch_<pid>_*``, unlinked by torch
+once received) are removed with it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from lightning_scale._linux import parent_ids
 
 __all__ = ["descendants", "kill_process_tree", "kill_processes", "processes_mentioning"]
+
+_SHARED_MEMORY = Path("/dev/shm")
 
 
 def descendants(pid: int) -> list[int]:
@@ -40,13 +44,18 @@ def kill_process_tree(pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def kill_processes(pids: list[int], sig: int = signal.SIGKILL) -> list[int]:
-    """Send ``sig`` to each of ``pids`` in turn but resource trackers (see the module's description); those sent it."""
+    """Send ``sig`` to each of ``pids`` in turn but resource trackers (see the module's description); those sent it.
+    With SIGKILL, the machine's memory of the processes killed goes too: their torch shared-memory segments."""
     sent = []
     for target in pids:
         with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
             if not _resource_tracker(target):
                 os.kill(target, sig)
                 sent.append(target)
+    if sig == signal.SIGKILL:
+        for target in sent:
+            for segment in _SHARED_MEMORY.glob(f"torch_{target}_*"):
+                segment.unlink(missing_ok=True)
     return sent
 
 
