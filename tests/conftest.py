@@ -27,7 +27,7 @@ _SHARED_MEMORY = Path("/dev/shm")
 _shared_memory_before: set[str] = set()
 _shared_memory_left: set[str] = set()
 _shared_memory_first_seen: dict[str, str] = {}  # entry -> the test after which it was first seen
-_ON_CI = suite_guards.on_ci(dict(os.environ))
+_ON_CI = suite_guards.on_ci(os.environ)
 
 
 def pytest_configure(config: pytest.Config) -> None:

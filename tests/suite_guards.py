@@ -7,7 +7,7 @@ under ``CI=true`` a skipped test is a failure (CI has every package and permissi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -42,7 +42,7 @@ def whole_run(config: pytest.Config) -> bool:
     return config.args_source == pytest.Config.ArgsSource.TESTPATHS and not selected
 
 
-def on_ci(environ: dict[str, str]) -> bool:
+def on_ci(environ: Mapping[str, str]) -> bool:
     return environ.get("CI", "").strip().lower() == "true"
 
 

@@ -9,12 +9,13 @@ from typing import NoReturn
 
 import pytest
 
+from tests import suite_guards
 from tests.slurm.cluster import SlurmCluster, running_cluster, unusable_reason
 
 
 def skip_or_fail(reason: str, environ: Mapping[str, str]) -> NoReturn:
     """Skip the Slurm tests for ``reason``; under ``CI=true``, fail them instead."""
-    if environ.get("CI", "").strip().lower() == "true":
+    if suite_guards.on_ci(environ):
         pytest.fail(f"CI=true, and the Slurm tests cannot run: {reason}", pytrace=False)
     pytest.skip(f"no Slurm cluster: {reason}")
 
