@@ -42,7 +42,11 @@ Lightning 2.6 offers no public hook for fifteen things lightning-scale needs; ea
 15. the distributed sampler Lightning's DDP would put into a training loader, built for a world of one process
     (``DataStateCheckpoint``: a job that shrinks to one process, where Lightning picks a single-device strategy
     and injects none, keeps drawing the global order its epochs had on several), and whether the Trainer may inject
-    one at all (``use_distributed_sampler``, kept by the accelerator connector only).
+    one at all (``use_distributed_sampler``, kept by the accelerator connector only);
+16. clipping gradients by norm for a sharded optimizer (``data_parallel``'s ZeRO): Lightning's precision plugin
+    clips ``clip_grad_norm_`` over the optimizer's own parameters, which hold one rank's chunks, and offers no hook;
+    the strategy routes the plugin's ``clip_grad_by_norm`` through its own norm over every rank, on the plugin
+    instance it owns, and undoes it at teardown.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ __all__ = [
     "reopen_wandb_run",
     "restore_from_when_unset",
     "restore_training_state",
+    "route_norm_clipping",
     "sampler_in_lightning_wrapper",
     "shut_down_dataloader_workers",
     "skip_sigterm_broadcast",
@@ -403,3 +408,16 @@ def process_group_timeout(strategy: Any) -> timedelta:
     ours); torch's default for others."""
     timeout = getattr(strategy, "_timeout", None)
     return timeout if isinstance(timeout, timedelta) else default_pg_timeout
+
+
+def route_norm_clipping(plugin: Any, clip: Callable[[Any, float], bool]) -> Callable[[], None]:
+    """Make the precision ``plugin`` clip by norm through ``clip(optimizer, max_norm)``, which returns ``False`` for
+    an optimizer it leaves to the plugin; returns the undo."""
+    original = plugin.clip_grad_by_norm
+
+    def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
+        if not clip(optimizer, clip_val):
+            original(optimizer, clip_val)
+
+    plugin.clip_grad_by_norm = clip_grad_by_norm
+    return lambda: vars(plugin).pop("clip_grad_by_norm", None)

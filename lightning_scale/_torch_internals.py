@@ -13,13 +13,17 @@ Each has no public equivalent in torch 2.13; ``tests/test_torch_internals.py`` f
 5. ``files_through``: a ``FileSystemWriter`` whose file access goes through another (public) ``FileSystemBase``, by
    replacing its ``fs`` and ``path`` attributes, as torch's own ``FsspecWriter`` does;
 6. ``set_process_group_timeout``: the timeout of the default process group after it was created (documented for
-   users, but named with an underscore).
+   users, but named with an underscore);
+7. ``at_end_of_backward``: autograd's engine runs a callback once the current backward pass is done, as DDP and FSDP
+   use to finish their gradient reductions (``Variable._execution_engine.queue_callback``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import _compress_hook as compress_hook
 from torch.distributed.checkpoint import StorageReader
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
@@ -31,6 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves
 
 __all__ = [
     "FsspecReader",
+    "at_end_of_backward",
     "compress_hook",
     "files_through",
     "load_state_dict_in_one_process",
@@ -50,3 +55,8 @@ def files_through(writer: FileSystemWriter, files: FileSystemBase, path: str) ->
     writer.fs = files  # type: ignore[assignment]
     writer.path = path
     return writer
+
+
+def at_end_of_backward(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the backward pass now running ends (call it from a hook inside that pass)."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)

@@ -238,6 +238,32 @@ def all_reduce_mean_(tensors: list[torch.Tensor], group: Any = None) -> None:
         tensor.div_(size)
 
 
+def reduce_scatter_start(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> Any:
+    """Start summing ``input`` (the world size times ``output``'s length) over the ranks into each rank's ``output``
+    (rank ``r`` gets the ``r``-th segment); returns the work to ``wait()`` on (``None``: done, at world size 1)."""
+    if not _group_ready() or dist.get_world_size(group) == 1:
+        output.copy_(input)
+        return None
+    return dist.reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=group, async_op=True)
+
+
+def all_gather_start(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> Any:
+    """Start gathering every rank's ``input`` into ``output``, in rank order; returns the work to ``wait()`` on
+    (``None``: done, at world size 1)."""
+    if not _group_ready() or dist.get_world_size(group) == 1:
+        output.copy_(input)
+        return None
+    return dist.all_gather_into_tensor(output, input, group=group, async_op=True)
+
+
+def broadcast_(tensors: Sequence[torch.Tensor], src: int = 0, group: Any = None) -> None:
+    """Overwrite each tensor with rank ``src``'s, in place."""
+    if not _group_ready() or dist.get_world_size(group) == 1:
+        return
+    for tensor in tensors:
+        dist.broadcast(tensor, src, group=group)
+
+
 def device_mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
     """A ``DeviceMesh`` over all ranks (every rank must call this, in the same order)."""
     from torch.distributed.device_mesh import init_device_mesh

@@ -152,9 +152,8 @@ def test_consolidate_writes_one_file_that_loads_into_the_model(tmp_path):
 @pytest.mark.parametrize(
     ("strategy", "overrides"),
     [
-        # flags override the config's init args: PowerSGD instead of bf16 compression, and bf16-mixed precision
-        ("data_parallel", ["--trainer.strategy.grad_compression=powersgd", "--trainer.strategy.powersgd_warmup_steps=2",
-                           "--trainer.precision=bf16-mixed"]),
+        # flags override the config's init args: ZeRO-2 instead of ZeRO-1, and bf16-mixed precision
+        ("data_parallel", ["--trainer.strategy.zero_stage=2", "--trainer.precision=bf16-mixed"]),
         # the registry name in the config, with flags: tensor parallelism and bf16-mixed
         ("model_parallel", ["--trainer.strategy.tensor_parallel_size=2", "--trainer.precision=bf16-mixed"]),
         # the registry name with flags over the config's class path

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from datetime import timedelta
 
+import pytest
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -311,3 +312,19 @@ def test_training_loaders_are_built_again_once_after_the_given_epoch(tiny_traine
     trainer = Trainer(max_epochs=3, limit_train_batches=2, callbacks=[ReloadAfterFirstEpoch()], **tiny_trainer_kwargs)
     trainer.fit(CharTransformer(vocab_size=64), datamodule=CountingData(batch_size=8))
     assert CountingData.calls == 2  # at the start, and at epoch 1; not again at epoch 2
+
+
+def test_norm_clipping_routes_through_the_plugin_instance_and_the_undo_restores_lightnings():
+    from lightning.pytorch.plugins.precision import Precision
+
+    plugin, param = Precision(), torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    routed: list[float] = []
+    undo = internals.route_norm_clipping(plugin, lambda opt, clip: routed.append(clip) or opt is optimizer)
+    param.grad = torch.full((4,), 3.0)
+    plugin.clip_gradients(optimizer, 0.5, "norm")  # Lightning's own entry point calls clip_grad_by_norm
+    assert routed == [0.5] and torch.equal(param.grad, torch.full((4,), 3.0))  # ours handled it
+    plugin.clip_gradients(torch.optim.SGD([param], lr=1.0), 0.5, "norm")  # another optimizer: Lightning's clipping
+    assert float(param.grad.norm()) == pytest.approx(0.5, rel=1e-4)
+    undo()
+    assert "clip_grad_by_norm" not in vars(plugin)

@@ -23,3 +23,18 @@ def test_the_wrapped_private_members_import_and_behave_as_used(tmp_path):
     assert internals.files_through(writer, files, "elsewhere") is writer
     assert writer.fs is files and writer.path == "elsewhere"  # the attributes DCP's writer reads its files through
     assert callable(internals.set_process_group_timeout)  # used on a live group by tests/callbacks/test_hang_watchdog
+
+
+def test_a_callback_queued_from_a_gradient_hook_runs_once_after_every_gradient_is_accumulated():
+    first, second = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+    events: list[str] = []
+
+    def hook(param: torch.Tensor) -> None:
+        events.append(f"grad {param.numel()}")
+        if len(events) == 1:
+            internals.at_end_of_backward(lambda: events.append("end"))
+
+    for param in (first, second):
+        param.register_post_accumulate_grad_hook(hook)
+    ((first * 2).sum() + (second * 3).sum()).backward()
+    assert sorted(events[:2]) == ["grad 2", "grad 3"] and events[2:] == ["end"]

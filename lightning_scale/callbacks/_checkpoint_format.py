@@ -32,7 +32,7 @@ def choose_format(
     state included). On a strategy that loads single files only, a ``CheckpointIO`` loads sharded checkpoints too
     (such as those of another strategy)."""
     native = writes_sharded_checkpoints(strategy)
-    shards_state = native or (isinstance(strategy, DataParallelStrategy) and strategy.zero_stage == 1)
+    shards_state = native or (isinstance(strategy, DataParallelStrategy) and strategy.zero_stage >= 1)
     chosen = CheckpointFormat(sharded=shards_state if sharded is None else sharded, native=native)
     name = type(strategy).__name__
     if fitting and native and not chosen.sharded:

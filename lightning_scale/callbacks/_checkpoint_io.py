@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning_scale.checkpoint.sharded import is_sharded_checkpoint, load_into_sharded_model, load_sharded
 from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.parallel.data.zero import whole_state_dict
+from lightning_scale.parallel.data.zero_state import whole_state_dict
 
 __all__ = ["ShardedAwareCheckpointIO", "load_from_any_storage", "plugin_save_file"]
 

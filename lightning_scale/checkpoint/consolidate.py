@@ -10,7 +10,7 @@ import torch
 
 from lightning_scale.checkpoint.rank_local import materialize
 from lightning_scale.checkpoint.sharded import is_sharded_checkpoint, load_sharded
-from lightning_scale.parallel.data.zero import whole_state_dict
+from lightning_scale.parallel.data.zero_state import whole_state_dict
 
 __all__ = ["consolidate_checkpoint"]
 

@@ -12,7 +12,7 @@ from lightning_scale.strategies.pipeline_parallel import PipelineParallelStrateg
 __all__ = ["DataParallelStrategy", "ModelParallelStrategy", "PipelineParallelStrategy"]
 
 for _strategy, _description in (
-    (DataParallelStrategy, "DDP with ZeRO-1 and gradient compression; its process group survives torchrun restarts"),
+    (DataParallelStrategy, "DDP with ZeRO-1/2 and gradient compression; its process group survives torchrun restarts"),
     (ModelParallelStrategy, "FSDP2 sharding and tensor parallelism for a plain LightningModule"),
     (PipelineParallelStrategy, "pipeline parallelism with torch.distributed.pipelining schedules"),
 ):

@@ -1,7 +1,7 @@
 """One training run of the example transformer under ``ddp``, ``data_parallel`` or ``model_parallel``.
 
 python -m tests.parallel.job CONFIG.json     (or several such configs under "runs": tests/jobs.py)
-(config: out, steps, devices, strategy, strategy_kwargs, accumulate, count_allreduce, save_to, resume_from,
+(config: out, steps, devices, strategy, strategy_kwargs, accumulate, clip, count_allreduce, save_to, resume_from,
 contract: after fit, the strategy's collectives and a ``validate`` on the same Trainer, as Lightning's contract says)
 """
 
@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.nn.parallel import DistributedDataParallel
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
@@ -43,20 +44,38 @@ class Record(Callback):
         self.losses: list[float] = []
         self.allreduce_calls: list[int] = []
         self.restored_state_sum: float | None = None
+        self.restore: Any = None
+        self.memory: list[dict[str, int]] = []
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.count_allreduce:
+        if self.count_allreduce and isinstance(trainer.strategy.model, DistributedDataParallel):
 
             def counting(state, bucket):  # no annotations: DDP checks them, and they are strings here
                 self.calls += 1
                 return default_hooks.allreduce_hook(state, bucket)
 
             trainer.strategy.model.register_comm_hook(None, counting)
-        optimizer = trainer.optimizers[0]
-        local = optimizer.optim if hasattr(optimizer, "optim") else optimizer  # ZeRO: this rank's shard
-        tensors = [t for per in local.state.values() for name, t in per.items() if name != "step"]
+        elif self.count_allreduce:  # ZeRO: its reduce-scatter calls
+            start = distributed.reduce_scatter_start
+
+            def counting_reductions(*args: Any) -> Any:
+                self.calls += 1
+                return start(*args)
+
+            distributed.reduce_scatter_start = counting_reductions  # type: ignore[assignment]
+            self.restore = start
+        optimizer = trainer.optimizers[0]  # ZeRO: over this rank's chunks
+        tensors = [t for per in optimizer.state.values() for name, t in per.items() if name != "step"]
         full = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]  # model_parallel: DTensors
         self.restored_state_sum = float(sum(t.double().sum() for t in full))
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
+        if trainer.global_step == trainer.max_steps - 1:  # the last step: reduced gradients and optimizer state held
+            self.memory = distributed.all_gather_object(training_state_bytes(pl_module, trainer.optimizers))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.restore is not None:
+            distributed.reduce_scatter_start = self.restore  # type: ignore[assignment]
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
         self.losses.append(float(outputs["loss"]))
@@ -74,7 +93,7 @@ def run(config: dict) -> None:
         accelerator="cpu", devices=config["devices"], strategy=strategy, max_steps=config["steps"],
         callbacks=[record], logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        accumulate_grad_batches=config.get("accumulate", 1),
+        accumulate_grad_batches=config.get("accumulate", 1), gradient_clip_val=config.get("clip"),
     )  # fmt: skip
     if config.get("user_configure_model"):
         from tests.parallel.models import UserShardedModel
@@ -91,11 +110,10 @@ def run(config: dict) -> None:
     if config.get("save_to"):
         trainer.save_checkpoint(config["save_to"])
     contract = inherited_contract(trainer, model, data) if config.get("contract") else None
-    memory = distributed.all_gather_object(training_state_bytes(model, trainer.optimizers))
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if trainer.global_rank == 0:
         torch.save(weights, out / "weights.pt")
-        result = {"losses": record.losses, "allreduce_calls": record.allreduce_calls, "memory": memory,
+        result = {"losses": record.losses, "allreduce_calls": record.allreduce_calls, "memory": record.memory,
                   "restored_state_sum": record.restored_state_sum, "contract": contract}  # fmt: skip
         (out / "result.json").write_text(json.dumps(result))
 

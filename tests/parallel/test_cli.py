@@ -13,8 +13,8 @@ from lightning_scale.strategies import DataParallelStrategy
     ("kwargs", "message"),
     [
         (
-            {"zero_stage": 2},
-            r"zero_stage=2: data_parallel shards the optimizer state \(1\) or not \(0\).*model_parallel",
+            {"zero_stage": 3},
+            r"zero_stage=3: data_parallel shards the optimizer state \(1\), and the gradients \(2\).*model_parallel",
         ),
         ({"grad_compression": "int8"}, r"grad_compression='int8' is not one of \['none', 'fp16', 'bf16', 'powersgd'\]"),
         ({"grad_compression": "fp16", "ddp_comm_hook": print}, r"either grad_compression or ddp_comm_hook"),

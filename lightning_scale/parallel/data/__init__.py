@@ -1,4 +1,4 @@
-"""Data parallel building blocks: gradient compression hooks and ZeRO-1 optimizer sharding (no Lightning imports)."""
+"""Data parallel building blocks: gradient compression hooks and ZeRO-1/2 sharding (no Lightning imports)."""
 
 from lightning_scale.parallel.data.compression import (
     COMPRESSIONS,
@@ -8,10 +8,11 @@ from lightning_scale.parallel.data.compression import (
     check_powersgd_settings,
     compression_hook,
 )
-from lightning_scale.parallel.data.zero import (
+from lightning_scale.parallel.data.zero import ELEMENTWISE_OPTIMIZERS, ZeroSharding, ZeroStage
+from lightning_scale.parallel.data.zero_state import (
     SHARDS_KEY,
-    own_share,
-    shard_optimizer,
+    chunked_state_dict,
+    own_chunks,
     sharded_state_dict,
     training_state_bytes,
     whole_state_dict,
@@ -19,14 +20,17 @@ from lightning_scale.parallel.data.zero import (
 
 __all__ = [
     "COMPRESSIONS",
+    "ELEMENTWISE_OPTIMIZERS",
     "SHARDS_KEY",
     "Compression",
     "CompressionHook",
     "PowerSGDHook",
+    "ZeroSharding",
+    "ZeroStage",
     "check_powersgd_settings",
+    "chunked_state_dict",
     "compression_hook",
-    "own_share",
-    "shard_optimizer",
+    "own_chunks",
     "sharded_state_dict",
     "training_state_bytes",
     "whole_state_dict",

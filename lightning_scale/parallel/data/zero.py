@@ -1,113 +1,330 @@
-"""ZeRO stage 1: each rank keeps the optimizer state of its share of the parameters (torch's
-``ZeroRedundancyOptimizer``); the state of a sharded checkpoint, in which each rank saves its own share; and the bytes
-a rank holds for training, counted from tensor sizes."""
+"""ZeRO stages 1 and 2 over plain torch: each rank owns a 1/world_size chunk of every parameter, the optimizer steps
+on those chunks only, gradients are reduce-scattered into them in buckets while backward runs, and the updated chunks
+are all-gathered into the parameters after each step.
+
+Layout (as FSDP2's): a parameter of ``n`` elements, flattened, is cut into ``world_size`` chunks of ``ceil(n / W)``
+(the last ones shorter or empty); rank ``r`` owns chunk ``r``. A bucket's reduce-scatter input is ``W`` segments, the
+``r``-th holding chunk ``r`` of each of its parameters, so one collective per bucket delivers every rank's chunks:
+the bytes of one all-reduce in all, split between the reduce-scatter during backward and the all-gather after the
+step. The optimizer's parameters are views of the model's own storage (no copy of the weights); it must update each
+element from its own gradient and state only, as torch's SGD, Adam(W), RMSprop, Adagrad and their kin do.
+
+Stage 1 keeps one buffer of the gradients' size per rank for the reductions and, while gradients accumulate
+(``no_sync``), the full local gradients; stage 2 reduces every backward and allocates its bucket buffers only while
+they are in flight (at most two), so a rank holds the gradients of its chunks only.
+"""
 
 from __future__ import annotations
 
-import inspect
-import sys
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
-if TYPE_CHECKING:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
+from lightning_scale import distributed
+from lightning_scale._torch_internals import at_end_of_backward
 
-__all__ = [
-    "SHARDS_KEY",
-    "own_share",
-    "shard_optimizer",
-    "sharded_state_dict",
-    "training_state_bytes",
-    "whole_state_dict",
-]
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "ZeroSharding", "ZeroStage"]
 
-SHARDS_KEY = "lightning_scale_zero_shards"
-"""Key of a ZeRO optimizer's state dict, in a sharded checkpoint, that holds each rank's share of the state."""
+ZeroStage = Literal[1, 2]
 
+ELEMENTWISE_OPTIMIZERS: tuple[type[Optimizer], ...] = (
+    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.Adagrad,
+    torch.optim.RMSprop, torch.optim.Rprop, torch.optim.NAdam, torch.optim.RAdam, torch.optim.ASGD,
+    torch.optim.Adadelta,
+)  # fmt: skip
+"""Optimizers whose update of an element reads that element's gradient and state only: a chunk steps as the whole."""
 
-def _is_zero(optimizer: Optimizer) -> bool:
-    # torch.distributed.optim takes ~0.25 s to import: only when ZeRO is used (no optimizer can be one before that)
-    module = sys.modules.get("torch.distributed.optim")
-    return module is not None and isinstance(optimizer, module.ZeroRedundancyOptimizer)
+_IN_FLIGHT_STAGE_2 = 2
 
 
-def shard_optimizer(optimizer: Optimizer) -> ZeroRedundancyOptimizer:
-    """The same optimizer (class, parameter groups, hyperparameters) with its state sharded across the ranks.
+@dataclass
+class _Slot:
+    """One parameter: its own chunk (``start:stop`` of its flattened elements) and where its chunks sit in a bucket."""
 
-    Call it before the optimizer has taken a step: its state, if any, is not carried over.
+    param: nn.Parameter
+    shard: torch.Tensor
+    chunk: int
+    offset: int
+    start: int
+    stop: int
+
+
+@dataclass
+class _Bucket:
+    slots: list[_Slot]
+    size: int
+    buffer: torch.Tensor | None = None
+    reduced: torch.Tensor | None = None
+    filled: set[int] = field(default_factory=set)
+    work: Any = None
+    accumulate: bool = False
+
+
+def _rows(flat: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flat`` as its whole chunks (rows x chunk) and the shorter tail after them."""
+    rows = flat.numel() // chunk if chunk else 0
+    return flat[: rows * chunk].view(rows, chunk), flat[rows * chunk :]
+
+
+def _scatter_layout(flat: torch.Tensor, segments: torch.Tensor, slot: _Slot, into_segments: bool) -> None:
+    """Copy a parameter's flattened elements into its place in every rank's segment (or back out of it)."""
+    whole, tail = _rows(flat, slot.chunk)
+    columns = segments[:, slot.offset : slot.offset + slot.chunk]
+    if into_segments:
+        columns[: len(whole)].copy_(whole)
+        if tail.numel():
+            columns[len(whole), : tail.numel()].copy_(tail)
+    else:
+        whole.copy_(columns[: len(whole)])
+        if tail.numel():
+            tail.copy_(columns[len(whole), : tail.numel()])
+
+
+class ZeroSharding:
+    """Shards ``optimizer`` (not yet stepped) over the ranks and keeps its parameters' chunks in step.
+
+    After construction :attr:`optimizer` is a new optimizer of the same class, parameter groups and hyperparameters
+    over this rank's chunks; step it as usual. Gradients reach it through hooks on the model's parameters; the
+    parameters are gathered after each of its steps.
+
+    Args:
+        optimizer: The optimizer to shard; every parameter contiguous, dense and on one device.
+        stage: 1 or 2 (see the module's documentation).
+        bucket_bytes: Gradient bytes per reduction (as DDP's ``bucket_cap_mb``).
+        reduce_dtype: Reduce gradients in this dtype (``torch.float16``/``bfloat16``: half the traffic), or ``None``.
+
+    Raises:
+        ValueError: the optimizer already holds state, is not elementwise, or a parameter cannot be sharded.
     """
-    from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        return optimizer
+    def __init__(
+        self, optimizer: Optimizer, stage: ZeroStage, bucket_bytes: int, reduce_dtype: torch.dtype | None = None
+    ) -> None:
+        _check_shardable(optimizer)
+        self.stage, self.reduce_dtype = stage, reduce_dtype
+        self.rank, self.world_size = distributed.rank(), distributed.world_size()
+        self.sync = True
+        slots_of_groups = [[self._slot(p) for p in group["params"]] for group in optimizer.param_groups]
+        accepted = _accepted_defaults(optimizer)
+        groups = [
+            {**{k: v for k, v in group.items() if k != "params"}, "params": [slot.shard for slot in slots]}
+            for group, slots in zip(optimizer.param_groups, slots_of_groups, strict=True)
+        ]
+        self.optimizer: Optimizer = type(optimizer)(groups, **accepted)
+        self.slots = [slot for slots in slots_of_groups for slot in slots]
+        self.buckets = self._buckets(bucket_bytes)
+        self._bucket_of = {id(slot.param): (b, i) for b, bucket in enumerate(self.buckets) for i, slot in
+                           enumerate(bucket.slots)}  # fmt: skip
+        self._next, self._queued = 0, False
+        self._handles = [slot.param.register_post_accumulate_grad_hook(self._on_gradient) for slot in self.slots]
+        self._handles.append(self.optimizer.register_step_post_hook(lambda *_: self.gather_parameters()))
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        """The model's parameters this sharding covers, in the optimizer's order."""
+        return [slot.param for slot in self.slots]
+
+    def close(self) -> None:
+        """Remove the hooks (safe to call twice)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # -- gradients -------------------------------------------------------------------------------------------------
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        if not self.sync and self.stage == 1:
+            return  # accumulating: the full gradient stays local until the step's backward
+        b, i = self._bucket_of[id(param)]
+        bucket = self.buckets[b]
+        if i in bucket.filled:
+            raise RuntimeError(
+                f"A parameter of shape {tuple(param.shape)} received its gradient twice in one backward pass "
+                "(reentrant activation checkpointing?); ZeRO reduces each gradient once. Use non-reentrant "
+                "checkpointing (use_reentrant=False)."
+            )
+        if not self._queued:
+            at_end_of_backward(self._finish_backward)
+            self._queued = True
+        self._fill(bucket, i)
+        while self._next < len(self.buckets) and len(self.buckets[self._next].filled) == len(
+            self.buckets[self._next].slots
+        ):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+
+    def _fill(self, bucket: _Bucket, index: int) -> None:
+        if bucket.buffer is None:
+            dtype = self.reduce_dtype or bucket.slots[0].param.dtype
+            bucket.buffer = torch.zeros(self.world_size * bucket.size, dtype=dtype, device=bucket.slots[0].param.device)
+        slot = bucket.slots[index]
+        grad = slot.param.grad
+        assert grad is not None, "autograd calls the hook after accumulating a gradient"
+        _scatter_layout(grad.view(-1), bucket.buffer.view(self.world_size, bucket.size), slot, into_segments=True)
+        slot.param.grad = None
+        bucket.filled.add(index)
+
+    def _launch(self, bucket: _Bucket) -> None:
+        if bucket.buffer is None:  # no gradient reached it on this rank: zeros, as DDP reduces unused parameters
+            bucket.buffer = torch.zeros(
+                self.world_size * bucket.size, dtype=self.reduce_dtype or bucket.slots[0].param.dtype,
+                device=bucket.slots[0].param.device,
+            )  # fmt: skip
+        segments = bucket.buffer.view(self.world_size, bucket.size)
+        for i, slot in enumerate(bucket.slots):
+            if i not in bucket.filled:  # a persistent buffer still holds the last step's values there
+                segments[:, slot.offset : slot.offset + slot.chunk].zero_()
+        bucket.buffer.div_(self.world_size)
+        bucket.accumulate = any(slot.shard.grad is not None for slot in bucket.slots)
+        if bucket.reduced is None or bucket.accumulate or bucket.reduced.dtype != bucket.buffer.dtype:
+            bucket.reduced = torch.empty(bucket.size, dtype=bucket.buffer.dtype, device=bucket.buffer.device)
+        bucket.work = distributed.reduce_scatter_start(bucket.reduced, bucket.buffer)
+        if self.stage == 2:
+            self._bound_in_flight(bucket)
+
+    def _bound_in_flight(self, bucket: _Bucket) -> None:
+        """Stage 2: wait for the bucket launched two before this one and drop its buffer."""
+        index = self.buckets.index(bucket)
+        if index >= _IN_FLIGHT_STAGE_2:
+            self._complete(self.buckets[index - _IN_FLIGHT_STAGE_2])
+
+    def _complete(self, bucket: _Bucket) -> None:
+        if bucket.work is not None:
+            bucket.work.wait()
+            bucket.work = None
+        if self.stage == 2:
+            bucket.buffer = None
+        bucket.filled.clear()
+
+    def _finish_backward(self) -> None:
+        """At the end of backward: reduce what no gradient reached, wait for every reduction, hand the optimizer its
+        chunks' gradients."""
+        while self._next < len(self.buckets):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+        for bucket in self.buckets:
+            self._complete(bucket)
+            self._attach(bucket)
+        self._next, self._queued = 0, False
+
+    def _attach(self, bucket: _Bucket) -> None:
+        reduced = bucket.reduced
+        assert reduced is not None
+        for slot in bucket.slots:
+            part = reduced[slot.offset : slot.offset + slot.stop - slot.start]
+            if part.dtype != slot.shard.dtype:
+                part = part.to(slot.shard.dtype)
+            if bucket.accumulate and slot.shard.grad is not None:
+                slot.shard.grad.add_(part)
+            else:
+                slot.shard.grad = part
+        if bucket.accumulate:
+            bucket.reduced = None  # a temporary: the gradients kept their own storage
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale the chunks' gradients so that the norm of the whole gradient, over every rank, is at most
+        ``max_norm`` (as ``torch.nn.utils.clip_grad_norm_`` on the unsharded model); returns that norm."""
+        if math.isinf(norm_type) or norm_type <= 0:
+            raise ValueError(f"norm_type={norm_type}: ZeRO clips by a p-norm with 0 < p < inf.")
+        grads = [slot.shard.grad for slot in self.slots if slot.shard.grad is not None]
+        powered = torch.zeros((), dtype=torch.float32, device=self.slots[0].param.device)
+        for grad in grads:
+            powered += torch.linalg.vector_norm(grad, norm_type, dtype=torch.float32) ** norm_type
+        total = distributed.all_reduce_sum_(powered) ** (1.0 / norm_type)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for grad in grads:
+            grad.mul_(coefficient.to(grad.dtype))
+        return total
+
+    # -- parameters ------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def gather_parameters(self) -> None:
+        """Copy every rank's updated chunks into the parameters (bucket by bucket; stage 2: two in flight)."""
+        pending: list[tuple[_Bucket, torch.Tensor, Any]] = []
+        for bucket in self.buckets:
+            device, dtype = bucket.slots[0].param.device, bucket.slots[0].param.dtype
+            own = torch.zeros(bucket.size, dtype=dtype, device=device)
+            for slot in bucket.slots:
+                own[slot.offset : slot.offset + slot.stop - slot.start].copy_(slot.shard)
+            if self.stage == 1 and bucket.buffer is not None and bucket.buffer.dtype == dtype:
+                gathered = bucket.buffer  # the persistent reduction buffer, free until the next backward
+            else:
+                gathered = torch.empty(self.world_size * bucket.size, dtype=dtype, device=device)
+            pending.append((bucket, gathered, distributed.all_gather_start(gathered, own)))
+            if self.stage == 2 and len(pending) >= _IN_FLIGHT_STAGE_2:
+                self._copy_out(*pending.pop(0))
+        for item in pending:
+            self._copy_out(*item)
+
+    def _copy_out(self, bucket: _Bucket, gathered: torch.Tensor, work: Any) -> None:
+        if work is not None:
+            work.wait()
+        segments = gathered.view(self.world_size, bucket.size)
+        for slot in bucket.slots:
+            _scatter_layout(slot.param.detach().view(-1), segments, slot, into_segments=False)
+
+    # -- construction ----------------------------------------------------------------------------------------------
+
+    def _slot(self, param: torch.Tensor) -> _Slot:
+        chunk = math.ceil(param.numel() / self.world_size)
+        start = min(self.rank * chunk, param.numel())
+        stop = min(start + chunk, param.numel())
+        return _Slot(param, param.detach().view(-1)[start:stop], chunk, 0, start, stop)  # type: ignore[arg-type]
+
+    def _buckets(self, bucket_bytes: int) -> list[_Bucket]:
+        """Buckets in the reverse order of the parameters (about the order backward produces their gradients)."""
+        buckets: list[_Bucket] = []
+        current: list[_Slot] = []
+        size = 0
+        for slot in reversed(self.slots):
+            if current and (size + slot.chunk) * self.world_size * slot.param.element_size() > bucket_bytes:
+                buckets.append(_Bucket(current, size))
+                current, size = [], 0
+            slot.offset = size
+            current.append(slot)
+            size += slot.chunk
+        if current:
+            buckets.append(_Bucket(current, size))
+        return buckets
+
+    def state_slots(self) -> Iterator[tuple[int, _Slot]]:
+        """Each parameter's index in the optimizer (its key in a state dict) with its slot."""
+        yield from enumerate(self.slots)
+
+
+def _accepted_defaults(optimizer: Optimizer) -> dict[str, Any]:
+    import inspect
+
+    # AdamW's defaults include Adam's decoupled_weight_decay, which AdamW's __init__ refuses
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return {name: value for name, value in optimizer.defaults.items() if name in accepted}
+
+
+def _check_shardable(optimizer: Optimizer) -> None:
+    name = type(optimizer).__name__
     if optimizer.state:
-        raise ValueError(f"{type(optimizer).__name__} already holds state; shard it before its first step.")
-    cls = type(optimizer)
-    # defaults the constructor accepts (AdamW's include Adam's decoupled_weight_decay, which AdamW's __init__ refuses);
-    # every parameter group carries its own values anyway
-    accepted = inspect.signature(cls.__init__).parameters
-    defaults = {name: value for name, value in optimizer.defaults.items() if name in accepted}
-    return ZeroRedundancyOptimizer(optimizer.param_groups, optimizer_class=cls, **defaults)
-
-
-def sharded_state_dict(optimizer: ZeroRedundancyOptimizer, shards: Any) -> dict[str, Any]:
-    """The optimizer's state dict as each rank saves it without a collective: its parameter groups (hyperparameters,
-    every parameter's index), and under :data:`SHARDS_KEY` ``shards``, which the caller builds from this rank's share
-    :func:`own_share` (``per_rank``: one entry per rank). :func:`whole_state_dict` turns it into the consolidated
-    state dict ``ZeroRedundancyOptimizer.state_dict()`` would give, which any optimizer of the same parameters
-    loads."""
-    groups, start = [], 0
-    for group in optimizer.param_groups:
-        count = len(group["params"])
-        hyperparameters = {key: value for key, value in group.items() if key != "params"}
-        groups.append({**hyperparameters, "params": list(range(start, start + count))})
-        start += count
-    return {"state": {}, "param_groups": groups, SHARDS_KEY: shards}
-
-
-def own_share(optimizer: ZeroRedundancyOptimizer) -> dict[int, Any]:
-    """This rank's share of the optimizer state, keyed by each parameter's index in the whole optimizer (the
-    consolidated state dict's keys)."""
-    index = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
-    local = optimizer.optim
-    return {index[id(p)]: local.state[p] for group in local.param_groups for p in group["params"] if p in local.state}
-
-
-def whole_state_dict(state: dict[str, Any], only_rank: int | None = None) -> dict[str, Any]:
-    """The consolidated optimizer state dict of a :func:`sharded_state_dict` (other state dicts are returned as they
-    are). ``only_rank``: take that saving rank's share only (a ZeRO optimizer of the same world size needs no
-    other: the partition is the same)."""
-    if SHARDS_KEY not in state:
-        return state
-    shards: Sequence[dict[int, Any]] = state[SHARDS_KEY]
-    merged: dict[int, Any] = {}
-    for rank in range(len(shards)) if only_rank is None else [only_rank]:
-        merged.update(shards[rank])
-    whole = {key: value for key, value in state.items() if key != SHARDS_KEY}
-    return {**whole, "state": dict(sorted(merged.items()))}
-
-
-def _bytes(tensors: Iterable[torch.Tensor]) -> int:
-    total = 0
-    for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor holds its shard only
-        total += local.numel() * local.element_size()
-    return total
-
-
-def training_state_bytes(module: nn.Module, optimizers: Iterable[Optimizer]) -> dict[str, int]:
-    """Bytes this rank holds in parameters, gradients and optimizer state (ZeRO: its own shard of the state)."""
-    state = []
-    for optimizer in optimizers:
-        local = optimizer.optim if _is_zero(optimizer) else optimizer  # type: ignore[attr-defined]
-        state += [v for per_param in local.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
-    parameters = list(module.parameters())
-    return {
-        "parameters": _bytes(parameters),
-        "gradients": _bytes(p.grad for p in parameters if p.grad is not None),
-        "optimizer": _bytes(state),
-    }
+        raise ValueError(f"{name} already holds state; shard it before its first step.")
+    if not isinstance(optimizer, ELEMENTWISE_OPTIMIZERS):
+        known = ", ".join(cls.__name__ for cls in ELEMENTWISE_OPTIMIZERS)
+        raise ValueError(
+            f"ZeRO steps each rank's chunk of every parameter on its own, which is exact only for optimizers that "
+            f"update each element from its own gradient and state ({known}); {name} is not one of them. Use "
+            "zero_stage=0, or strategy='model_parallel' (FSDP2 keeps each parameter a sharded tensor)."
+        )
+    params: Sequence[torch.Tensor] = [p for group in optimizer.param_groups for p in group["params"]]
+    if len({id(p) for p in params}) != len(params):
+        raise ValueError(f"A parameter appears twice in {name}'s parameter groups.")
+    for p in params:
+        if p.is_sparse or not p.is_contiguous():
+            raise ValueError(
+                f"A parameter of shape {tuple(p.shape)} is {'sparse' if p.is_sparse else 'not contiguous'} "
+                "(channels_last?); ZeRO shards contiguous dense parameters. Keep parameters contiguous, or use "
+                "zero_stage=0."
+            )
