@@ -1,7 +1,10 @@
 """One 2-process data-parallel benchmark job (run under torchrun by benchmarks/data_parallel_step.py).
 
 python benchmarks/_data_parallel_job.py --variants V[,V...] --rounds R --steps S [--d-model D] [--memory] --out OUT
-V: raw (a torch DDP loop), ddp (Lightning's), data_parallel, zero1, fp16, powersgd, fsdp (lightning-scale's).
+V: raw (a torch DDP loop), ddp (Lightning's), data_parallel, zero1, zero2, fp16, powersgd, fsdp (lightning-scale's);
+peers: torch_zero (torch's ZeroRedundancyOptimizer under Lightning's ddp), lightning_model_parallel (Lightning's
+ModelParallelStrategy, ``fully_shard`` on each block and the root in ``configure_model``, as model_parallel does).
+Lightning's ``FSDPStrategy`` refuses the CPU accelerator, so it is no peer here.
 
 Timing: ``R`` rounds of one fit per variant in the same processes and process group, the order rotated every round;
 writes each round's median seconds per step (rank 0's), and from the first round the bytes each rank holds for
@@ -40,6 +43,7 @@ POWERSGD = {"grad_compression": "powersgd", "powersgd_rank": 2, "powersgd_warmup
 VARIANTS: dict[str, dict[str, Any]] = {
     "data_parallel": {},
     "zero1": {"zero_stage": 1},
+    "zero2": {"zero_stage": 2},
     "fp16": {"grad_compression": "fp16"},
     "powersgd": POWERSGD,
 }
@@ -48,7 +52,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 def payload_bytes(variant: str, model: torch.nn.Module, strategy: Any) -> float:
     """Bytes each rank all-reduces per step: fp32 gradients, half of that in fp16, PowerSGD's measured ratio (FSDP2
     all-gathers parameters and reduce-scatters gradients instead: not comparable, reported as 0)."""
-    if variant == "fsdp":
+    if variant in ("fsdp", "lightning_model_parallel"):
         return 0.0
     full = sum(p.numel() for p in model.parameters() if p.requires_grad) * 4
     if variant == "fp16":
@@ -59,24 +63,77 @@ def payload_bytes(variant: str, model: torch.nn.Module, strategy: Any) -> float:
     return float(full)
 
 
+class ZeroRedundancyTransformer(CharTransformer):
+    """The example with torch's ``ZeroRedundancyOptimizer`` around its AdamW, as a ``ddp`` user shards the state."""
+
+    def configure_optimizers(self) -> Any:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        config = super().configure_optimizers()
+        zero = ZeroRedundancyOptimizer(self.parameters(), optimizer_class=torch.optim.AdamW, lr=self.hparams.lr)
+        config["optimizer"] = config["lr_scheduler"]["scheduler"].optimizer = zero
+        return config
+
+
+class FullyShardedTransformer(CharTransformer):
+    """The example sharded by its user for Lightning's ``ModelParallelStrategy``: ``fully_shard`` on each entry of its
+    ``ModuleList`` (embedding, blocks, head), then the root: the units ``model_parallel`` picks by itself here."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for unit in self.model:
+            fully_shard(unit, mesh=mesh)
+        fully_shard(self, mesh=mesh)
+
+
+def strategy_of(variant: str) -> Any:
+    if variant == "fsdp":  # model_parallel: FSDP2 on each transformer block and the root
+        return ModelParallelStrategy(min_params_to_shard=1000)
+    if variant == "lightning_model_parallel":
+        from lightning.pytorch.strategies import ModelParallelStrategy as LightningModelParallel
+
+        # Lightning's default gives every process to tensor parallelism; data parallel over both, as FSDP2
+        return LightningModelParallel(data_parallel_size=2, tensor_parallel_size=1)
+    return DDPStrategy() if variant in ("ddp", "torch_zero") else DataParallelStrategy(**VARIANTS[variant])
+
+
+def reduction_buffer_bytes(variant: str, model: torch.nn.Module, strategy: Any) -> int:
+    """Bytes a rank keeps for gradient reductions besides the gradients: DDP's buckets hold a copy of every gradient
+    (``gradient_as_bucket_view=False``, Lightning's default), ZeRO-1 its persistent reduce-scatter buffers, ZeRO-2 and
+    FSDP none between steps."""
+    if variant in ("ddp", "torch_zero", "data_parallel", "fp16", "powersgd"):
+        return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if variant == "zero1":
+        return sum(
+            b.buffer.numel() * b.buffer.element_size()
+            for z in strategy._zero
+            for b in z.buckets
+            if b.buffer is not None
+        )
+    return 0
+
+
 def lightning_run(variant: str, steps: int, d_model: int, memory: bool) -> dict[str, Any]:
     ends = StepEnds()
-    if variant == "fsdp":  # model_parallel: FSDP2 on each transformer block and the root
-        strategy: Any = ModelParallelStrategy(min_params_to_shard=1000)
-    else:
-        strategy = DDPStrategy() if variant == "ddp" else DataParallelStrategy(**VARIANTS[variant])
+    strategy = strategy_of(variant)
     peak = PeakMemory() if memory else None
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, callbacks=[ends, *([peak] if peak else [])],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0,
     )  # fmt: skip
+    cls = {"torch_zero": ZeroRedundancyTransformer, "lightning_model_parallel": FullyShardedTransformer}
     with trainer.init_module(empty_init=memory):  # memory: built on the meta device, sharded ones allocate shards only
-        model = CharTransformer(d_model=d_model, dropout=0.0)
+        model = cls.get(variant, CharTransformer)(d_model=d_model, dropout=0.0)
     trainer.fit(model, datamodule=CharDataModule(batch_size=8))
     return {
         "step_s": ends.median_step_s(WARMUP) if not memory else None,
-        "memory": training_state_bytes(model, trainer.optimizers),
+        "memory": {
+            **training_state_bytes(model, trainer.optimizers),
+            "buffers": reduction_buffer_bytes(variant, model, strategy),
+        },
         "payload_bytes": payload_bytes(variant, model, strategy),
         "peak_bytes": peak.peak_bytes if peak else None,
     }
@@ -108,7 +165,7 @@ def raw_run(steps: int) -> dict[str, Any]:
         optimizer.step()
         scheduler.step()
         ends.append(time.perf_counter())
-    memory = training_state_bytes(model, [optimizer])
+    memory = {**training_state_bytes(model, [optimizer]), "buffers": reduction_buffer_bytes("ddp", model, None)}
     return {"step_s": median_step(ends, WARMUP), "memory": memory, "payload_bytes": payload_bytes("raw", model, None),
             "peak_bytes": None}  # fmt: skip
 

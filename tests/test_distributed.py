@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lightning_scale import distributed
+from tests.jobs import run_json_job
 
 
 def test_single_process_votes_and_gathers_are_local():
@@ -45,3 +46,11 @@ def test_importing_the_forkserver_setup_outside_a_forkserver_freezes_nothing():
 
     importlib.reload(setup)
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_reduce_scatter_and_all_gather_match_torchs_on_3_processes(tmp_path):
+    """On gloo they run as a ring of sends and receives: 3 ranks take it round twice (2 ranks once)."""
+    result = run_json_job("tests.ring_job", tmp_path, {}, devices=3)
+    assert result["world"] == 3 and max(result["differences"]) < 1e-5

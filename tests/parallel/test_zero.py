@@ -43,6 +43,11 @@ def test_stage_1_reduces_once_per_step_and_stage_2_every_backward(results):
     assert results["stage2-sgd-accumulate"]["launched"] == [buckets] * 18
 
 
+def test_stage_2_keeps_no_reduction_buffer_between_steps_and_stage_1_one_of_the_gradients_size(results):
+    assert results["stage2-adamw"]["bucket_bytes_between_steps"] == [0] * 6
+    assert min(results["stage1-adamw"]["bucket_bytes_between_steps"]) > 0
+
+
 def test_each_rank_holds_about_half_of_the_optimizer_state(results):
     for case in ("stage1-adamw", "stage2-adamw"):
         ratio = results[case]["state_bytes"] / results[case]["ddp_state_bytes"]

@@ -50,6 +50,13 @@ def batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 7, generator=generator), torch.randn(4, 3, generator=generator)
 
 
+def bucket_bytes(zero: ZeroSharding) -> int:
+    """Bytes the buckets' reduction buffers keep alive (a column view keeps its buffer too)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for b in zero.buckets
+                for t in ([b.buffer] if b.buffer is not None else []) + b.columns}  # fmt: skip
+    return sum(storages.values())
+
+
 def run_case(case: dict) -> dict:
     torch.manual_seed(0)
     reference, mine = Net(), Net()
@@ -66,7 +73,7 @@ def run_case(case: dict) -> dict:
         return start(*args, **kwargs)
 
     distributed.reduce_scatter_start = counting  # type: ignore[assignment]
-    differences = []
+    differences, held = [], []
     for step in range(STEPS):
         for micro in range(case.get("accumulate", 1)):
             x, y = batch(step, micro)
@@ -86,6 +93,7 @@ def run_case(case: dict) -> dict:
         ddp_optimizer.zero_grad()
         zero.optimizer.step()
         zero.optimizer.zero_grad()
+        held.append(bucket_bytes(zero))
         differences.append(
             max(float((a - b).abs().max()) for a, b in zip(reference.parameters(), mine.parameters(), strict=True))
         )
@@ -94,6 +102,7 @@ def run_case(case: dict) -> dict:
     return {
         "differences": differences,
         "launched": launched,
+        "bucket_bytes_between_steps": held,
         "buckets": len(zero.buckets),
         "state_bytes": training_state_bytes(mine, [zero.optimizer])["optimizer"],
         "ddp_state_bytes": training_state_bytes(reference, [ddp_optimizer])["optimizer"],

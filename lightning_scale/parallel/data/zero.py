@@ -42,7 +42,7 @@ ELEMENTWISE_OPTIMIZERS: tuple[type[Optimizer], ...] = (
 _IN_FLIGHT_STAGE_2 = 2
 
 
-@dataclass
+@dataclass(eq=False)
 class _Slot:
     """One parameter: its own chunk (``start:stop`` of its flattened elements) and where its chunks sit in a bucket."""
 
@@ -52,37 +52,42 @@ class _Slot:
     offset: int
     start: int
     stop: int
+    flat: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.flat = self.param.detach().view(-1)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Bucket:
     slots: list[_Slot]
     size: int
     buffer: torch.Tensor | None = None
+    columns: list[torch.Tensor] = field(default_factory=list)
     reduced: torch.Tensor | None = None
     filled: set[int] = field(default_factory=set)
     work: Any = None
     accumulate: bool = False
 
 
-def _rows(flat: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``flat`` as its whole chunks (rows x chunk) and the shorter tail after them."""
-    rows = flat.numel() // chunk if chunk else 0
-    return flat[: rows * chunk].view(rows, chunk), flat[rows * chunk :]
-
-
-def _scatter_layout(flat: torch.Tensor, segments: torch.Tensor, slot: _Slot, into_segments: bool) -> None:
-    """Copy a parameter's flattened elements into its place in every rank's segment (or back out of it)."""
-    whole, tail = _rows(flat, slot.chunk)
-    columns = segments[:, slot.offset : slot.offset + slot.chunk]
-    if into_segments:
-        columns[: len(whole)].copy_(whole)
+def _copy_layout(flat: torch.Tensor, columns: torch.Tensor, into_columns: bool) -> None:
+    """Copy a parameter's flattened elements into its columns of every rank's segment (row ``r``: chunk ``r``), or
+    back; a parameter that does not fill its last chunk leaves the rest of the columns as they are."""
+    world, chunk = columns.shape
+    if flat.numel() == world * chunk:
+        pair = (columns, flat.view(world, chunk))
+        pair[0 if into_columns else 1].copy_(pair[1 if into_columns else 0])
+        return
+    rows = flat.numel() // chunk
+    whole, tail = flat[: rows * chunk].view(rows, chunk), flat[rows * chunk :]
+    if into_columns:
+        columns[:rows].copy_(whole)
         if tail.numel():
-            columns[len(whole), : tail.numel()].copy_(tail)
+            columns[rows, : tail.numel()].copy_(tail)
     else:
-        whole.copy_(columns[: len(whole)])
+        whole.copy_(columns[:rows])
         if tail.numel():
-            tail.copy_(columns[len(whole), : tail.numel()])
+            tail.copy_(columns[rows, : tail.numel()])
 
 
 class ZeroSharding:
@@ -158,38 +163,42 @@ class ZeroSharding:
             self._launch(self.buckets[self._next])
             self._next += 1
 
+    def _allocate(self, bucket: _Bucket) -> torch.Tensor:
+        """The bucket's reduction buffer, zeros, with each parameter's columns in it."""
+        first = bucket.slots[0].param
+        bucket.buffer = torch.zeros(self.world_size * bucket.size, dtype=self.reduce_dtype or first.dtype,
+                                    device=first.device)  # fmt: skip
+        segments = bucket.buffer.view(self.world_size, bucket.size)
+        bucket.columns = [segments[:, slot.offset : slot.offset + slot.chunk] for slot in bucket.slots]
+        return bucket.buffer
+
     def _fill(self, bucket: _Bucket, index: int) -> None:
         if bucket.buffer is None:
-            dtype = self.reduce_dtype or bucket.slots[0].param.dtype
-            bucket.buffer = torch.zeros(self.world_size * bucket.size, dtype=dtype, device=bucket.slots[0].param.device)
+            self._allocate(bucket)
         slot = bucket.slots[index]
         grad = slot.param.grad
         assert grad is not None, "autograd calls the hook after accumulating a gradient"
-        _scatter_layout(grad.view(-1), bucket.buffer.view(self.world_size, bucket.size), slot, into_segments=True)
+        _copy_layout(grad.view(-1), bucket.columns[index], into_columns=True)
         slot.param.grad = None
         bucket.filled.add(index)
 
     def _launch(self, bucket: _Bucket) -> None:
-        if bucket.buffer is None:  # no gradient reached it on this rank: zeros, as DDP reduces unused parameters
-            bucket.buffer = torch.zeros(
-                self.world_size * bucket.size, dtype=self.reduce_dtype or bucket.slots[0].param.dtype,
-                device=bucket.slots[0].param.device,
-            )  # fmt: skip
-        segments = bucket.buffer.view(self.world_size, bucket.size)
-        for i, slot in enumerate(bucket.slots):
+        # no gradient reached the bucket on this rank: zeros, as DDP reduces unused parameters
+        buffer = self._allocate(bucket) if bucket.buffer is None else bucket.buffer
+        for i, columns in enumerate(bucket.columns):
             if i not in bucket.filled:  # a persistent buffer still holds the last step's values there
-                segments[:, slot.offset : slot.offset + slot.chunk].zero_()
-        bucket.buffer.div_(self.world_size)
+                columns.zero_()
+        buffer.div_(self.world_size)
         bucket.accumulate = any(slot.shard.grad is not None for slot in bucket.slots)
-        if bucket.reduced is None or bucket.accumulate or bucket.reduced.dtype != bucket.buffer.dtype:
-            bucket.reduced = torch.empty(bucket.size, dtype=bucket.buffer.dtype, device=bucket.buffer.device)
-        bucket.work = distributed.reduce_scatter_start(bucket.reduced, bucket.buffer)
+        if bucket.reduced is None or bucket.accumulate or bucket.reduced.dtype != buffer.dtype:
+            bucket.reduced = torch.empty(bucket.size, dtype=buffer.dtype, device=buffer.device)
+        bucket.work = distributed.reduce_scatter_start(bucket.reduced, buffer)
         if self.stage == 2:
             self._bound_in_flight(bucket)
 
     def _bound_in_flight(self, bucket: _Bucket) -> None:
         """Stage 2: wait for the bucket launched two before this one and drop its buffer."""
-        index = self.buckets.index(bucket)
+        index = next(i for i, candidate in enumerate(self.buckets) if candidate is bucket)
         if index >= _IN_FLIGHT_STAGE_2:
             self._complete(self.buckets[index - _IN_FLIGHT_STAGE_2])
 
@@ -197,8 +206,8 @@ class ZeroSharding:
         if bucket.work is not None:
             bucket.work.wait()
             bucket.work = None
-        if self.stage == 2:
-            bucket.buffer = None
+        if self.stage == 2:  # the columns are views of the buffer: both go
+            bucket.buffer, bucket.columns = None, []
         bucket.filled.clear()
 
     def _finish_backward(self) -> None:
@@ -247,28 +256,31 @@ class ZeroSharding:
     @torch.no_grad()
     def gather_parameters(self) -> None:
         """Copy every rank's updated chunks into the parameters (bucket by bucket; stage 2: two in flight)."""
-        pending: list[tuple[_Bucket, torch.Tensor, Any]] = []
+        pending: list[tuple[_Bucket, list[torch.Tensor], Any]] = []
         for bucket in self.buckets:
-            device, dtype = bucket.slots[0].param.device, bucket.slots[0].param.dtype
-            own = torch.zeros(bucket.size, dtype=dtype, device=device)
+            first = bucket.slots[0].param
+            if self.stage == 1 and bucket.buffer is not None and bucket.buffer.dtype == first.dtype:
+                # in place, in the persistent reduction buffer, free until the next backward
+                gathered, columns = bucket.buffer, bucket.columns
+            else:
+                gathered = torch.empty(self.world_size * bucket.size, dtype=first.dtype, device=first.device)
+                segments = gathered.view(self.world_size, bucket.size)
+                columns = [segments[:, slot.offset : slot.offset + slot.chunk] for slot in bucket.slots]
+            own = gathered.view(self.world_size, bucket.size)[self.rank]
+            own.zero_()
             for slot in bucket.slots:
                 own[slot.offset : slot.offset + slot.stop - slot.start].copy_(slot.shard)
-            if self.stage == 1 and bucket.buffer is not None and bucket.buffer.dtype == dtype:
-                gathered = bucket.buffer  # the persistent reduction buffer, free until the next backward
-            else:
-                gathered = torch.empty(self.world_size * bucket.size, dtype=dtype, device=device)
-            pending.append((bucket, gathered, distributed.all_gather_start(gathered, own)))
+            pending.append((bucket, columns, distributed.all_gather_start(gathered, own)))
             if self.stage == 2 and len(pending) >= _IN_FLIGHT_STAGE_2:
                 self._copy_out(*pending.pop(0))
         for item in pending:
             self._copy_out(*item)
 
-    def _copy_out(self, bucket: _Bucket, gathered: torch.Tensor, work: Any) -> None:
+    def _copy_out(self, bucket: _Bucket, columns: list[torch.Tensor], work: Any) -> None:
         if work is not None:
             work.wait()
-        segments = gathered.view(self.world_size, bucket.size)
-        for slot in bucket.slots:
-            _scatter_layout(slot.param.detach().view(-1), segments, slot, into_segments=False)
+        for slot, slot_columns in zip(bucket.slots, columns, strict=True):
+            _copy_layout(slot.flat, slot_columns, into_columns=False)
 
     # -- construction ----------------------------------------------------------------------------------------------
 

@@ -124,7 +124,8 @@ def training_state_bytes(module: nn.Module, optimizers: Iterable[Optimizer]) -> 
         return total
 
     parameters = list(module.parameters())
-    optimizers = list(optimizers)
+    # torch's ZeroRedundancyOptimizer keeps this rank's state in the optimizer it wraps
+    optimizers = [o.optim if isinstance(getattr(o, "optim", None), Optimizer) else o for o in optimizers]  # type: ignore[attr-defined]
     optimized = [p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]]
     state = [v for o in optimizers for per in o.state.values() for v in per.values() if isinstance(v, torch.Tensor)]
     return {
