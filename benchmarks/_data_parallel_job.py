@@ -136,6 +136,7 @@ def lightning_run(variant: str, steps: int, d_model: int, memory: bool) -> dict[
         },
         "payload_bytes": payload_bytes(variant, model, strategy),
         "peak_bytes": peak.peak_bytes if peak else None,
+        "rest_bytes": peak.rest_bytes if peak else None,
     }
 
 
@@ -167,7 +168,7 @@ def raw_run(steps: int) -> dict[str, Any]:
         ends.append(time.perf_counter())
     memory = {**training_state_bytes(model, [optimizer]), "buffers": reduction_buffer_bytes("ddp", model, None)}
     return {"step_s": median_step(ends, WARMUP), "memory": memory, "payload_bytes": payload_bytes("raw", model, None),
-            "peak_bytes": None}  # fmt: skip
+            "peak_bytes": None, "rest_bytes": None}  # fmt: skip
 
 
 def main() -> None:
@@ -192,7 +193,8 @@ def main() -> None:
             ranks = distributed.all_gather_object(result)
             entry = results.setdefault(variant, {"step_s": [], "memory": [r["memory"] for r in ranks],
                                                  "payload_bytes": ranks[0]["payload_bytes"],
-                                                 "peak_bytes": [r["peak_bytes"] for r in ranks]})  # fmt: skip
+                                                 "peak_bytes": [r["peak_bytes"] for r in ranks],
+                                                 "rest_bytes": [r["rest_bytes"] for r in ranks]})  # fmt: skip
             entry["step_s"].append(ranks[0]["step_s"])
     if distributed.rank() == 0:
         Path(args.out).write_text(json.dumps(results))

@@ -3,7 +3,8 @@
 On the CPU: the process's resident set (Linux ``/proc/self/status``): its high-water mark ``VmHWM`` is reset once
 training runs its steady steps (``/proc/self/clear_refs``), read when training ends, and the resident size before the
 model was built is subtracted: parameters, gradients, optimizer state, activations, all-gathered parameters and the
-allocator's slack, everything training added. On a GPU: ``torch.cuda.max_memory_allocated`` over the same steps.
+allocator's slack, everything training added; and the resident size at the end of each step, less the same baseline
+(the state training keeps between steps). On a GPU: ``torch.cuda.max_memory_allocated`` over the same steps.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class PeakMemory(pl.Callback):
         self.from_step = from_step
         self.baseline = resident_bytes()
         self.peak_bytes: int | None = None
+        self.rest_bytes: int | None = None
         self.device = "cpu"
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
@@ -46,6 +48,10 @@ class PeakMemory(pl.Callback):
             torch.cuda.reset_peak_memory_stats()
         else:
             Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts again from the current size
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if self.device == "cpu":  # the training state at rest, between steps (the last step's is kept)
+            self.rest_bytes = resident_bytes() - self.baseline
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.device == "cuda":

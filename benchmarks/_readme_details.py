@@ -30,21 +30,32 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def data_parallel(result: dict) -> str:
-    table, config = result["table"], result["config"]
-    rows = [[f"`{variant}`", _ms(entry["step_s"]), _ratio(entry["over_ddp"]),
-             f"{entry['payload_bytes_per_step'] / 1e3:.0f}"] for variant, entry in table.items()]  # fmt: skip
-    timing = _table(["variant", "ms per step", "/ ddp, paired", "kB all-reduced per step"], rows)
+    table, wide, config = result["table"], result["wide"], result["config"]
+
+    def timing(entries: dict) -> str:
+        rows = [[f"`{variant}`", _ms(entry["step_s"]), _ratio(entry["over_ddp"]),
+                 _ratio(entry["over_peer"]) + f" (`{entry['over_peer']['peer']}`)" if "over_peer" in entry else "",
+                 f"{entry['payload_bytes_per_step'] / 1e3:.0f}"] for variant, entry in entries.items()]  # fmt: skip
+        return _table(["variant", "ms per step", "/ ddp, paired", "/ peer, paired", "kB all-reduced per step"], rows)
+
     memory = [
-        [f"`{variant}`", _mb(max(sum(r.values()) for r in entry["memory_at_width"]["state_per_rank"])),
-         _mb(max(entry["memory_at_width"]["peak_per_rank"]))]
-        for variant, entry in table.items() if "memory_at_width" in entry
+        [f"`{variant}`", _mb(entry["held_bytes"]), _mb(max(map(max, entry["rest_per_rank"]))),
+         _mb(max(map(max, entry["peak_per_rank"]))), _ratio(entry["peak_over_ddp"])]
+        for variant, entry in result["memory"].items()
     ]  # fmt: skip
-    width = next(entry["memory_at_width"]["d_model"] for entry in table.values() if "memory_at_width" in entry)
+    width = result["memory"]["ddp"]["d_model"]
     return (
-        f"{config['rounds']} rounds of {config['steps']} steps, every variant in the same 2 processes:\n\n{timing}\n\n"
-        f"Memory per rank at d_model={width} (the most of any rank, MB):\n\n"
-        + _table(["variant", "state held (parameters, gradients, optimizer)", "peak in a step"], memory)
+        f"{config['rounds']} rounds of {config['steps']} steps, every variant in the same 2 processes:\n\n"
+        f"{timing(table)}\n\nAt d_model={config['wide_d_model']}, {config['wide_rounds']} rounds of "
+        f"{config['wide_steps']} steps:\n\n{timing(wide)}\n\n"
+        f"Memory per rank at d_model={width}, training state only (the most of any rank, MB; held: parameters, "
+        "gradients, optimizer state and reduction buffers; measured: less the same launch's runtime with the small "
+        "model):\n\n" + _table(MEMORY_HEADER, memory)
     )
+
+
+MEMORY_HEADER = ["variant", "held by construction", "resident at the end of a step", "peak in a step",
+                 "peak / ddp, paired launches"]  # fmt: skip
 
 
 def callback_overhead(result: dict) -> str:

@@ -1,17 +1,21 @@
-"""Data parallel step time and memory: ``data_parallel`` (plain, ZeRO-1, fp16, PowerSGD) and ``model_parallel``
-(FSDP2) vs Lightning's ``ddp`` vs a raw torch DDP loop, on the example transformer, 2 CPU processes (gloo, 1 thread
-each).
+"""Data parallel step time and memory: ``data_parallel`` (plain, ZeRO-1, ZeRO-2, fp16, PowerSGD) and ``model_parallel``
+(FSDP2) vs Lightning's ``ddp`` vs a raw torch DDP loop, with their peers in the same run: torch's
+``ZeroRedundancyOptimizer`` under Lightning's ``ddp`` and Lightning's ``ModelParallelStrategy`` sharding the same
+units (Lightning's ``FSDPStrategy`` refuses the CPU); the example transformer, 2 CPU processes (gloo, 1 thread each).
 
 Step time: every variant in the same two processes, the order rotated every round; each round's median step over
 ``ddp``'s of the same round is one paired ratio, and a target is judged by the upper quartile of those ratios (see
-``_common.py``). ``data_parallel`` with ``zero_stage=0`` and no compression runs ``ddp``'s own code: its ratio is
-this machine's noise floor, not a speed-up, and has no target.
+``_common.py``). At the example's width (d_model=32: latency-bound) and at d_model=256 for the ZeRO variants (the
+gradients' bytes count). ``data_parallel`` with ``zero_stage=0`` and no compression runs ``ddp``'s own code: its ratio
+is this machine's noise floor, not a speed-up, and has no target.
 
-Memory, at a width whose state is ~70 MB (d_model=416): one launch per variant (a process's resident peak is its
-own), each rank's peak over its steady steps (``_peak_memory.py``: the resident set on the CPU, with glibc's mmap
-threshold at 1 MiB; the allocator's peak on a GPU), the models built under ``Trainer.init_module(empty_init=True)``,
-as sharded ones should be, next to the bytes it holds by construction (parameters, gradients, optimizer state, from
-tensor sizes), and the gradient payload each rank all-reduces per step. Writes
+Memory, at a width whose training state under ``ddp`` is over 400 MB per rank (d_model=1024): one launch per variant
+(a process's resident peak is its own), the variants in turn, twice in alternating order; each rank's peak over its
+steady steps and its resident size at the end of a step (``_peak_memory.py``: less the process's size before the model
+was built, and less what the same launch adds with the example's small model, the runtime's own share; glibc's mmap
+threshold at 1 MiB), the models built under ``Trainer.init_module(empty_init=True)``, as sharded ones should be, next
+to the bytes it holds by construction (parameters, gradients, optimizer state, and the
+reduction buffers: DDP's buckets copy every gradient, ZeRO-1 keeps one buffer of the gradients' size). Writes
 ``benchmarks/results/data_parallel_step.json``.
 
     .venv/bin/python benchmarks/data_parallel_step.py [--quick]
@@ -28,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import MEMORY_ENV, machine_info, paired_ratios, spread
+from _common import MEMORY_ENV, machine_info, paired_ratios, rotated, spread
 
 from lightning_scale.testing import launch_command, launch_environment
 
@@ -36,9 +40,12 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB = Path(__file__).resolve().parent / "_data_parallel_job.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 
-
-MEMORY_D_MODEL = 416
-MEMORY_VARIANTS = ("ddp", "zero1", "fsdp")
+MEMORY_D_MODEL = 1024
+SMALL_D_MODEL = 32
+WIDE_D_MODEL = 256
+MEMORY_VARIANTS = ("ddp", "zero1", "zero2", "torch_zero", "fsdp", "lightning_model_parallel")
+WIDE_VARIANTS = ("ddp", "zero1", "zero2", "torch_zero")
+TIMED = ("raw", "ddp", "data_parallel", "zero1", "zero2", "torch_zero", "fsdp", "lightning_model_parallel")
 
 
 def run(variants: list[str], rounds: int, steps: int, *options: str) -> dict[str, dict]:
@@ -54,47 +61,88 @@ def run(variants: list[str], rounds: int, steps: int, *options: str) -> dict[str
         return json.loads(out.read_text())
 
 
+def timing(timed: dict[str, dict]) -> dict[str, dict]:
+    """Each variant's step times and its paired ratios to ``ddp`` (and ZeRO's to torch's ZeRO, model_parallel's to
+    Lightning's ModelParallelStrategy)."""
+    table = {}
+    peers = {"zero1": "torch_zero", "zero2": "torch_zero", "fsdp": "lightning_model_parallel"}
+    for variant, result in timed.items():
+        entry = {"step_s": spread(result["step_s"]), "over_ddp": _paired(result, timed["ddp"]),
+                 "memory_per_rank": result["memory"], "payload_bytes_per_step": result["payload_bytes"]}  # fmt: skip
+        if peers.get(variant) in timed:
+            entry["over_peer"] = {"peer": peers[variant], **_paired(result, timed[peers[variant]])}
+        table[variant] = entry
+    return table
+
+
+def _paired(mine: dict, other: dict) -> dict[str, float]:
+    return paired_ratios([a / b for a, b in zip(mine["step_s"], other["step_s"], strict=True)])
+
+
+def memory(rounds: int, d_model: int) -> dict[str, dict]:
+    """Per variant: per round, each rank's peak and resident size at the end of a step, less what the same launch
+    costs with the example's own small model (the runtime: Lightning, the process group, the data, the allocator's
+    arenas), so that what is left is the training state's share; the bytes held by construction; the peak's ratio
+    to ``ddp``'s of the same round."""
+    launches: dict[str, list[dict]] = {variant: [] for variant in MEMORY_VARIANTS}
+    runtime: dict[str, int] = {}
+    for index in range(rounds):
+        for variant in rotated(list(MEMORY_VARIANTS), index):
+            if variant not in runtime:
+                small = run([variant], 1, 20, f"--d-model={SMALL_D_MODEL}", "--memory")[variant]
+                runtime[variant] = max(small["rest_bytes"]) - max(sum(rank.values()) for rank in small["memory"])
+            launches[variant].append(run([variant], 1, 20, f"--d-model={d_model}", "--memory")[variant])
+    table = {}
+    for variant, results in launches.items():
+        held = max(sum(rank.values()) for rank in results[0]["memory"])
+        peaks = [[peak - runtime[variant] for peak in r["peak_bytes"]] for r in results]
+        rests = [[rest - runtime[variant] for rest in r["rest_bytes"]] for r in results]
+        table[variant] = {"d_model": d_model, "state_per_rank": results[0]["memory"], "held_bytes": held,
+                          "runtime_bytes": runtime[variant], "peak_per_rank": peaks, "rest_per_rank": rests,
+                          "rest_over_held": max(map(max, rests)) / held}  # fmt: skip
+    for entry in table.values():
+        ddp = table["ddp"]["peak_per_rank"]
+        ratios = [max(mine) / max(theirs) for mine, theirs in zip(entry["peak_per_rank"], ddp, strict=True)]
+        entry["peak_over_ddp"] = paired_ratios(ratios)
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 20 steps, a small memory width (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 20 steps, small widths (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "data_parallel_step.json"))
     args = parser.parse_args()
-    variants = ["raw", "ddp", "data_parallel", "zero1", "fsdp"] + ([] if args.quick else ["fp16", "powersgd"])
-    rounds, steps, memory_d_model = (2, 20, 64) if args.quick else (9, 150, MEMORY_D_MODEL)
-
-    timed = run(variants, rounds, steps)
-    memory = {v: run([v], 1, 20, f"--d-model={memory_d_model}", "--memory")[v] for v in MEMORY_VARIANTS}
-    table = {}
-    for variant, result in timed.items():
-        ratios = [mine / ddp for mine, ddp in zip(result["step_s"], timed["ddp"]["step_s"], strict=True)]
-        table[variant] = {
-            "step_s": spread(result["step_s"]),
-            "over_ddp": paired_ratios(ratios),
-            "memory_per_rank": result["memory"],
-            "payload_bytes_per_step": result["payload_bytes"],
-        }
-    for variant, result in memory.items():
-        table[variant]["memory_at_width"] = {"d_model": memory_d_model, "state_per_rank": result["memory"],
-                                             "peak_per_rank": result["peak_bytes"]}  # fmt: skip
+    variants = list(TIMED) + ([] if args.quick else ["fp16", "powersgd"])
+    rounds, steps, memory_d_model, wide_d_model = (2, 20, 64, 64) if args.quick else (9, 150, MEMORY_D_MODEL,
+                                                                                     WIDE_D_MODEL)  # fmt: skip
+    table = timing(run(variants, rounds, steps))
+    wide_rounds, wide_steps = (2, 20) if args.quick else (7, 40)
+    wide = timing(run(list(WIDE_VARIANTS), wide_rounds, wide_steps, f"--d-model={wide_d_model}"))
+    held = memory(1 if args.quick else 2, memory_d_model)
     print(f"data parallel, example transformer, 2 processes (gloo), {rounds} rounds of {steps} steps, rotated")
     header = ("variant", "ms/step", "(min-max)", "/ ddp", "(upper q.)", "all B/rank", "payload B/step")
-    print(" ".join(f"{name:>{width}}" for name, width in zip(header, (14, 8, 15, 6, 10, 12, 15), strict=True)))
-    for variant, row in table.items():
-        s, ratio = row["step_s"], row["over_ddp"]
+    print(" ".join(f"{name:>{width}}" for name, width in zip(header, (24, 8, 15, 6, 10, 12, 15), strict=True)))
+    for variant, entry in table.items():
+        s, ratio = entry["step_s"], entry["over_ddp"]
         low_high = f"{s['min'] * 1e3:.2f}-{s['max'] * 1e3:.2f}"
         print(
-            f"{variant:>14} {s['median'] * 1e3:8.2f} {low_high:>15} {ratio['median']:6.3f} "
-            f"{ratio['upper_quartile']:10.3f} {max(sum(m.values()) for m in row['memory_per_rank']):12,} "
-            f"{row['payload_bytes_per_step']:15,.0f}"
+            f"{variant:>24} {s['median'] * 1e3:8.2f} {low_high:>15} {ratio['median']:6.3f} "
+            f"{ratio['upper_quartile']:10.3f} {max(sum(m.values()) for m in entry['memory_per_rank']):12,} "
+            f"{entry['payload_bytes_per_step']:15,.0f}"
         )
-    print(f"memory at d_model={memory_d_model}, MB per rank (max over ranks): held by construction / peak in a step")
-    for variant in MEMORY_VARIANTS:
-        at = table[variant]["memory_at_width"]
-        held = max(sum(m.values()) for m in at["state_per_rank"]) / 1e6
-        print(f"{variant:>14} {held:9.1f} / {max(at['peak_per_rank']) / 1e6:9.1f}")
+    print(f"at d_model={wide_d_model}, {wide_rounds} rounds of {wide_steps} steps: / ddp (upper quartile)")
+    for variant, entry in wide.items():
+        print(f"{variant:>24} {entry['step_s']['median'] * 1e3:8.2f} ms {entry['over_ddp']['upper_quartile']:6.3f}")
+    print(f"memory at d_model={memory_d_model}, MB per rank (max over ranks): held by construction / at rest / peak")
+    for variant, entry in held.items():
+        rest, peak = max(map(max, entry["rest_per_rank"])), max(map(max, entry["peak_per_rank"]))
+        print(f"{variant:>24} {entry['held_bytes'] / 1e6:9.1f} / {rest / 1e6:9.1f} / {peak / 1e6:9.1f}  "
+              f"peak / ddp {entry['peak_over_ddp']['max']:.3f}")  # fmt: skip
     config = {"rounds": rounds, "steps": steps, "variants": variants, "memory_d_model": memory_d_model,
+              "wide_d_model": wide_d_model, "wide_rounds": wide_rounds, "wide_steps": wide_steps,
               "quick": args.quick}  # fmt: skip
-    Path(args.out).write_text(json.dumps({"machine": machine_info(), "config": config, "table": table}, indent=1))
+    result = {"machine": machine_info(), "config": config, "table": table, "wide": wide, "memory": held}
+    Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 
 

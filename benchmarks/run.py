@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info, spread
+from _common import machine_info, meets, spread
 from _readme_details import details
 
 HERE = Path(__file__).resolve().parent
@@ -67,33 +67,58 @@ def _bound(ratio: dict[str, float], target: float, at_most: bool = True) -> str:
     return f"≥ {target} (lower quartile {ratio['lower_quartile']:.3f})"
 
 
+DATA_PARALLEL_LABELS = {
+    "raw": "raw torch DDP loop", "zero1": "data_parallel zero_stage=1", "zero2": "data_parallel zero_stage=2",
+    "torch_zero": "torch ZeroRedundancyOptimizer under ddp", "fp16": "data_parallel fp16 compression",
+    "powersgd": "data_parallel PowerSGD", "fsdp": "model_parallel (FSDP2)",
+    "lightning_model_parallel": "Lightning ModelParallelStrategy, same units",
+}  # fmt: skip
+STEP_TARGETS = {"zero1": 1.15}
+PEER_TARGETS = {"zero1": 1.0, "fsdp": 1.02}
+MEMORY_TARGETS = {"zero1": 0.80, "zero2": 0.65, "fsdp": 0.55}
+
+
 def data_parallel_rows(result: dict) -> list[Row]:
-    table = result["table"]
+    table, wide, config = result["table"], result["wide"], result["config"]
     ratio = table["data_parallel"]["over_ddp"]
     rows = [
         row("data_parallel_step", "step time, data_parallel / ddp (2 processes; zero_stage=0 runs ddp's own code: "
             "this machine's noise floor, no target)", ratio["median"], _span(ratio), "x"),
     ]  # fmt: skip
-    for variant, label in (("raw", "raw torch DDP loop"), ("zero1", "data_parallel zero_stage=1"),
-                           ("fp16", "data_parallel fp16 compression"), ("powersgd", "data_parallel PowerSGD"),
-                           ("fsdp", "model_parallel (FSDP2)")):  # fmt: skip
-        if variant in table:
-            ratio = table[variant]["over_ddp"]
-            rows.append(row("data_parallel_step", f"step time, {label} / ddp (2 processes)", ratio["median"],
-                            _span(ratio), "x"))  # fmt: skip
-    ddp = table["ddp"]["memory_at_width"]
-    for variant, label in (("zero1", "data_parallel zero_stage=1"), ("fsdp", "model_parallel (FSDP2)")):
-        mine = table[variant]["memory_at_width"]
-        held = _held(mine) / _held(ddp)
-        peak = max(mine["peak_per_rank"]) / max(ddp["peak_per_rank"])
-        measure = f"peak memory per rank in a step, {label} / ddp, d_model={mine['d_model']} (state held: {held:.2f})"
-        rows.append(row("data_parallel_step", measure, peak, None, "x"))
+    for widths, d_model in ((table, 32), (wide, config["wide_d_model"])):
+        for variant, label in DATA_PARALLEL_LABELS.items():
+            if variant not in widths:
+                continue
+            ratio, target = widths[variant]["over_ddp"], STEP_TARGETS.get(variant)
+            rows.append(row("data_parallel_step", f"step time, {label} / ddp, d_model={d_model} (2 processes)",
+                            ratio["median"], _span(ratio), "x", *_verdict(ratio, target)))  # fmt: skip
+            peer = widths[variant].get("over_peer")
+            if peer is not None and variant in PEER_TARGETS:
+                measure = f"step time, {label} / {DATA_PARALLEL_LABELS[peer['peer']]}, d_model={d_model}"
+                rows.append(row("data_parallel_step", measure, peer["median"], _span(peer), "x",
+                                *_verdict(peer, PEER_TARGETS[variant])))  # fmt: skip
+    for variant, entry in result["memory"].items():
+        if variant == "ddp":
+            continue
+        ratio, target = entry["peak_over_ddp"], MEMORY_TARGETS.get(variant)
+        measure = (
+            f"peak memory per rank in a step, {DATA_PARALLEL_LABELS[variant]} / ddp, d_model={entry['d_model']} "
+            f"(held by construction: {entry['held_bytes'] / result['memory']['ddp']['held_bytes']:.2f})"
+        )
+        rows.append(row("data_parallel_step", measure, ratio["median"], _span(ratio), "x", *_verdict(ratio, target)))
+    for variant, entry in result["memory"].items():
+        within = abs(entry["rest_over_held"] - 1) <= 0.10
+        rows.append(row("data_parallel_step", f"resident at the end of a step / held by construction, "
+                        f"{DATA_PARALLEL_LABELS.get(variant, variant)}, d_model={entry['d_model']}",
+                        entry["rest_over_held"], None, "x", "within 10 %", within))  # fmt: skip
     return rows
 
 
-def _held(memory: dict) -> int:
-    """The most bytes of parameters, gradients and optimizer state any rank holds (by construction)."""
-    return max(sum(rank.values()) for rank in memory["state_per_rank"])
+def _verdict(ratio: dict[str, float], target: float | None) -> tuple[str | None, bool | None]:
+    """A ``<=`` target's text and verdict by the upper quartile of the paired ratios (``None``: no target)."""
+    if target is None:
+        return None, None
+    return _bound(ratio, target), meets(ratio, target)
 
 
 def callback_overhead_rows(result: dict) -> list[Row]:
