@@ -137,6 +137,7 @@ def lightning_run(variant: str, steps: int, d_model: int, memory: bool) -> dict[
         "payload_bytes": payload_bytes(variant, model, strategy),
         "peak_bytes": peak.peak_bytes if peak else None,
         "rest_bytes": peak.rest_bytes if peak else None,
+        "zero_ms": strategy.shardings[0].breakdown_ms_per_step() if variant in ("zero1", "zero2") else None,
     }
 
 
@@ -168,7 +169,7 @@ def raw_run(steps: int) -> dict[str, Any]:
         ends.append(time.perf_counter())
     memory = {**training_state_bytes(model, [optimizer]), "buffers": reduction_buffer_bytes("ddp", model, None)}
     return {"step_s": median_step(ends, WARMUP), "memory": memory, "payload_bytes": payload_bytes("raw", model, None),
-            "peak_bytes": None, "rest_bytes": None}  # fmt: skip
+            "peak_bytes": None, "rest_bytes": None, "zero_ms": None}  # fmt: skip
 
 
 def main() -> None:
@@ -194,8 +195,10 @@ def main() -> None:
             entry = results.setdefault(variant, {"step_s": [], "memory": [r["memory"] for r in ranks],
                                                  "payload_bytes": ranks[0]["payload_bytes"],
                                                  "peak_bytes": [r["peak_bytes"] for r in ranks],
-                                                 "rest_bytes": [r["rest_bytes"] for r in ranks]})  # fmt: skip
+                                                 "rest_bytes": [r["rest_bytes"] for r in ranks],
+                                                 "zero_ms": []})  # fmt: skip
             entry["step_s"].append(ranks[0]["step_s"])
+            entry["zero_ms"].append(ranks[0]["zero_ms"])
     if distributed.rank() == 0:
         Path(args.out).write_text(json.dumps(results))
     distributed.destroy_process_group(process_ends=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,9 @@ def timing(timed: dict[str, dict]) -> dict[str, dict]:
     for variant, result in timed.items():
         entry = {"step_s": spread(result["step_s"]), "over_ddp": _paired(result, timed["ddp"]),
                  "memory_per_rank": result["memory"], "payload_bytes_per_step": result["payload_bytes"]}  # fmt: skip
+        parts = [per_round for per_round in result.get("zero_ms", []) if per_round]
+        if parts:  # where ZeRO's own time went (ms per step, median over rounds)
+            entry["zero_ms_per_step"] = {name: statistics.median(p[name] for p in parts) for name in parts[0]}
         if peers.get(variant) in timed:
             entry["over_peer"] = {"peer": peers[variant], **_paired(result, timed[peers[variant]])}
         table[variant] = entry

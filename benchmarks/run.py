@@ -90,8 +90,14 @@ def data_parallel_rows(result: dict) -> list[Row]:
             if variant not in widths:
                 continue
             ratio, target = widths[variant]["over_ddp"], STEP_TARGETS.get(variant)
-            rows.append(row("data_parallel_step", f"step time, {label} / ddp, d_model={d_model} (2 processes)",
-                            ratio["median"], _span(ratio), "x", *_verdict(ratio, target)))  # fmt: skip
+            measure = f"step time, {label} / ddp, d_model={d_model} (2 processes)"
+            if "zero_ms_per_step" in widths[variant]:
+                parts = ", ".join(f"{name} {ms:.2f}" for name, ms in widths[variant]["zero_ms_per_step"].items())
+                step = widths["ddp"]["step_s"]["median"] * 1e3
+                measure += f" (ZeRO's own ms a step: {parts}; ddp's step {step:.1f} ms)"
+            rows.append(
+                row("data_parallel_step", measure, ratio["median"], _span(ratio), "x", *_verdict(ratio, target))
+            )
             peer = widths[variant].get("over_peer")
             if peer is not None and variant in PEER_TARGETS:
                 measure = f"step time, {label} / {DATA_PARALLEL_LABELS[peer['peer']]}, d_model={d_model}"

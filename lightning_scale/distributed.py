@@ -122,6 +122,23 @@ def any_rank_each(flags: Sequence[bool]) -> list[bool]:
     return [bool(vote) for vote in votes.tolist()]
 
 
+def any_rank_each_start(flags: Sequence[bool]) -> Callable[[], list[bool]]:
+    """:func:`any_rank_each` without waiting for it: returns the function that waits and gives the answers (every
+    rank must start it at the same point of its sequence of collectives)."""
+    if not _group_ready() or dist.get_world_size() == 1:
+        alone = [bool(flag) for flag in flags]
+        return lambda: alone
+    votes = _vote_tensor(*(int(bool(flag)) for flag in flags))
+    work = dist.all_reduce(votes, op=dist.ReduceOp.MAX, async_op=True)
+    assert work is not None, "async_op returns its work"
+
+    def answers() -> list[bool]:
+        work.wait()
+        return [bool(vote) for vote in votes.tolist()]
+
+    return answers
+
+
 def all_ranks(flag: bool) -> bool:
     """True on every rank when ``flag`` is true on all ranks."""
     if not _group_ready() or dist.get_world_size() == 1:

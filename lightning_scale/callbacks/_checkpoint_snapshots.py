@@ -111,7 +111,7 @@ class MemorySnapshots(ProcessLocal):
             group = distributed.new_group("gloo")
             self._peers = PeerCopies(self._node, trainer.global_rank, trainer.world_size, trainer.num_devices, group)
         if self.cadence.every_n_steps is None:
-            StepVote.of(trainer).join(self, self._ballot)
+            StepVote.of(trainer).join(self, self._ballot, deferred=True)
 
     def close(self, trainer: pl.Trainer) -> None:
         """Unmap this rank's buffers (the snapshots stay for a restart); safe to call twice."""

@@ -150,7 +150,7 @@ class BudgetedEarlyStopping(EarlyStopping):
         self._tracker = trackers[0] if trackers else None
         self._last_checked_step = -1
         if stage == "fit":
-            StepVote.of(trainer).join(self, self._ballot)
+            StepVote.of(trainer).join(self, self._ballot, deferred=True)
         if stage == "fit" and (trainer.min_steps or trainer.min_epochs) and (self.max_cost_usd or self.max_hours):
             rank_zero_warn(
                 f"Trainer(min_steps={trainer.min_steps}, min_epochs={trainer.min_epochs}) keeps training past a "

@@ -245,7 +245,9 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if self.every_n_minutes is not None and self._timer is None:
             self._timer = SaveTimer(self.every_n_minutes, self.mean_time_between_interruptions_hours, self._clock)
         if self._timer is not None:
-            StepVote.of(trainer).join(self, lambda trainer, outputs: self._timer is not None and self._timer.due())
+            StepVote.of(trainer).join(
+                self, lambda trainer, outputs: self._timer is not None and self._timer.due(), deferred=True
+            )
         self._lineage.begin(self.store)
         if self._snapshots is not None:
             self._snapshots.setup(trainer, str(self.dirpath))

@@ -44,7 +44,10 @@ class SpotPreemption(ProcessLocal, Callback):
     Notice sources (signals by default; AWS, GCP, Azure metadata and files in :mod:`lightning_scale.preemption`)
     only raise a flag. Every ``check_every_n_steps`` training steps (and validation batches, during fit) the ranks
     vote on it with one small collective (one per step for every lightning-scale callback that votes), so a notice
-    seen by ANY rank stops all of them after the same step. Then the run's
+    seen by ANY rank stops all of them after the same step. On several processes that vote is started without
+    waiting and read at the next voting step, so it costs no wait for the slowest rank; every rank then stops one step
+    after the vote, still the same step everywhere (when a vote that cannot wait, such as ``DivergenceRollback``'s,
+    runs in the same step, the notice rides in it and is answered at once). Then the run's
     :class:`~lightning_scale.callbacks.ResumableCheckpoint` saves the full state (unless the last
     measured save time says it cannot finish before the notice's deadline: then the previous valid checkpoint stays,
     untouched), the ``preemption/*`` metrics go to every logger, loggers (and a W&B run) are finished, dataloader
@@ -132,7 +135,7 @@ class SpotPreemption(ProcessLocal, Callback):
         if stage != "fit":
             return
         self._checkpoint = ResumableCheckpoint.of(trainer, "SpotPreemption (to save the full state on a notice)")
-        StepVote.of(trainer).join(self, self._ballot)
+        StepVote.of(trainer).join(self, self._ballot, deferred=True)
         if self.slurm_requeue:  # before the stage, when Lightning would install its handlers
             self._restore_auto_requeue = turn_off_slurm_auto_requeue(trainer)
         signals = sorted(

@@ -215,6 +215,11 @@ class DataParallelStrategy(DDPStrategy):
         self._zero = []
         self._unroute_clipping()
 
+    @property
+    def shardings(self) -> list[ZeroSharding]:
+        """Under ZeRO, the sharding of each optimizer (its state, its buffers, where its time went); else empty."""
+        return list(self._zero)
+
     def _sharding(self, optimizer: Optimizer) -> ZeroSharding | None:
         unwrapped = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
         return next((zero for zero in self._zero if zero.optimizer is unwrapped), None)

@@ -92,3 +92,61 @@ def test_the_voting_callbacks_of_a_fit_share_the_trainers_vote_and_leave_it_afte
     trainer = fitting.fit(callbacks, tiny_trainer_kwargs, max_steps=3)
     assert joined == [5, 5, 5]
     assert StepVote.of(trainer).voters == 0
+
+
+def started(collective: Collective, log: list[list[bool]]):
+    """The collective started without waiting: its answers come when the returned function is called."""
+
+    def start(flags: Sequence[bool]):
+        log.append(list(flags))
+        answers = collective(flags)
+        return lambda: answers
+
+    return start
+
+
+def on_two(step: int) -> Any:
+    return SimpleNamespace(current_epoch=0, global_step=step, world_size=2)
+
+
+def test_deferred_ballots_alone_wait_for_nothing_and_are_answered_at_their_next_vote():
+    collective, starts = Collective(others=[True, False]), []
+    vote = StepVote(collective, started(Collective(others=[True, False]), starts))
+    notice, timer = object(), object()
+    vote.join(notice, lambda trainer, outputs: False, deferred=True)  # the other rank saw a notice
+    vote.join(timer, lambda trainer, outputs: False, deferred=True)
+    assert not vote.agreed(notice, on_two(1), None, batch_idx=1) and not vote.agreed(timer, on_two(1), None, 1)
+    assert collective.calls == [] and starts == [[False, False]]  # started, not waited on
+    assert vote.agreed(notice, on_two(2), None, batch_idx=2)  # the yes of batch 1, on every rank at batch 2
+    assert not vote.agreed(timer, on_two(2), None, batch_idx=2)
+    assert starts == [[False, False], [False, False]]  # the notice's yes is acted on: not cast again (its slot: no)
+
+
+def test_a_deferred_yes_waits_for_its_ballots_next_voting_batch():
+    starts: list[list[bool]] = []
+    vote = StepVote(Collective(others=[True]), started(Collective(others=[True]), starts))
+    notice = object()
+    vote.join(notice, lambda trainer, outputs: None if trainer.global_step % 2 else False, deferred=True)
+    assert not vote.agreed(notice, on_two(2), None, batch_idx=0)  # votes after an optimizer step ...
+    assert not vote.agreed(notice, on_two(3), None, batch_idx=1)  # ... not inside accumulation: the yes waits
+    assert vote.agreed(notice, on_two(4), None, batch_idx=2)
+    assert len(starts) == 1
+
+
+def test_a_ballot_that_cannot_wait_takes_the_deferred_ones_into_its_collective():
+    collective, starts = Collective(others=[True, True]), []
+    vote = StepVote(collective, started(collective, starts))
+    notice, loss = object(), object()
+    vote.join(notice, lambda trainer, outputs: False, deferred=True)
+    vote.join(loss, lambda trainer, outputs: False)  # a diverged loss: acted on in its own batch
+    assert vote.agreed(notice, on_two(1), None, batch_idx=1) and vote.agreed(loss, on_two(1), None, batch_idx=1)
+    assert starts == [] and collective.calls == [[False, False]]
+
+
+def test_on_one_process_a_deferred_ballot_is_answered_in_its_own_batch():
+    collective, starts = Collective(others=[True]), []
+    vote = StepVote(collective, started(collective, starts))
+    notice = object()
+    vote.join(notice, lambda trainer, outputs: False, deferred=True)
+    assert vote.agreed(notice, SimpleNamespace(current_epoch=0, global_step=1, world_size=1), None, batch_idx=1)
+    assert starts == []

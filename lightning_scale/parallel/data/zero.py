@@ -17,6 +17,7 @@ they are in flight (at most two), so a rank holds the gradients of its chunks on
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -114,6 +115,9 @@ class ZeroSharding:
         self.stage, self.reduce_dtype = stage, reduce_dtype
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.sync = True
+        # where the steps' time went, in seconds (see breakdown_ms_per_step)
+        self.seconds = {"gradient hooks": 0.0, "end of backward": 0.0, "gather": 0.0}
+        self.steps = 0
         slots_of_groups = [[self._slot(p) for p in group["params"]] for group in optimizer.param_groups]
         accepted = _accepted_defaults(optimizer)
         groups = [
@@ -142,9 +146,20 @@ class ZeroSharding:
 
     # -- gradients -------------------------------------------------------------------------------------------------
 
+    def breakdown_ms_per_step(self) -> dict[str, float]:
+        """Milliseconds per optimizer step in each part of ZeRO's work: the gradient hooks during backward (copies into
+        the buckets, launching reductions), the end of backward (what was not overlapped: the last reductions and the
+        hand-over to the optimizer), the gather after the step (packing, all-gather, copies into the parameters)."""
+        return {name: seconds * 1e3 / max(1, self.steps) for name, seconds in self.seconds.items()}
+
     def _on_gradient(self, param: torch.Tensor) -> None:
         if not self.sync and self.stage == 1:
             return  # accumulating: the full gradient stays local until the step's backward
+        started = time.perf_counter()
+        self._reduce_gradient(param)
+        self.seconds["gradient hooks"] += time.perf_counter() - started
+
+    def _reduce_gradient(self, param: torch.Tensor) -> None:
         b, i = self._bucket_of[id(param)]
         bucket = self.buckets[b]
         if i in bucket.filled:
@@ -213,6 +228,7 @@ class ZeroSharding:
     def _finish_backward(self) -> None:
         """At the end of backward: reduce what no gradient reached, wait for every reduction, hand the optimizer its
         chunks' gradients."""
+        started = time.perf_counter()
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next])
             self._next += 1
@@ -220,6 +236,7 @@ class ZeroSharding:
             self._complete(bucket)
             self._attach(bucket)
         self._next, self._queued = 0, False
+        self.seconds["end of backward"] += time.perf_counter() - started
 
     def _attach(self, bucket: _Bucket) -> None:
         reduced = bucket.reduced
@@ -256,6 +273,7 @@ class ZeroSharding:
     @torch.no_grad()
     def gather_parameters(self) -> None:
         """Copy every rank's updated chunks into the parameters (bucket by bucket; stage 2: two in flight)."""
+        started = time.perf_counter()
         pending: list[tuple[_Bucket, list[torch.Tensor], Any]] = []
         for bucket in self.buckets:
             first = bucket.slots[0].param
@@ -275,6 +293,8 @@ class ZeroSharding:
                 self._copy_out(*pending.pop(0))
         for item in pending:
             self._copy_out(*item)
+        self.seconds["gather"] += time.perf_counter() - started
+        self.steps += 1
 
     def _copy_out(self, bucket: _Bucket, columns: list[torch.Tensor], work: Any) -> None:
         if work is not None:
