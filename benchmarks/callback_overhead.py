@@ -1,10 +1,11 @@
-"""Per-step cost of every lightning-scale callback against the stock callbacks users would otherwise run.
+"""Per-step cost of the callbacks ``lightning-scale fit`` runs against the stock callbacks users would otherwise run.
 
 The example transformer on 1 process and on 2 (torchrun, stock ``ddp``, gloo; 1 thread each), at the example's width
-(a step of a few ms) and at a width whose step takes 20 ms or more. ``ours``: ``ResumableCheckpoint`` with its
-``every_n_minutes`` timer, ``SpotPreemption``, ``CostTracker``, ``BudgetedEarlyStopping`` (a cost budget) and
-``DivergenceRollback``, whose per-step votes share one all-reduce; ``stock``: ``ModelCheckpoint`` and
-``EarlyStopping`` (see ``_callback_job.py``). No save falls inside the timed steps.
+(a step of a few ms) and at a width whose step takes 20 ms or more. ``ours``: the command's default callbacks
+(``ResumableCheckpoint`` with its memory snapshots and an ``every_n_minutes`` timer, ``SpotPreemption``,
+``CostTracker``, ``HangWatchdog``, ``StragglerDetector``) and ``BudgetedEarlyStopping`` (a cost budget), whose votes
+share one all-reduce that no step waits for; ``stock``: ``ModelCheckpoint`` and ``EarlyStopping`` (see
+``_callback_job.py``). No save falls inside the timed steps.
 
 Method (as every benchmark here, see ``_common.py``): both variants alternate in the same processes, the order swapped
 every round; a step is the median interval between the ends of consecutive training batches after a warm-up; each

@@ -133,7 +133,8 @@ def callback_overhead_rows(result: dict) -> list[Row]:
         ratio, stock_ms = entry["ours_over_stock"], entry["step_s"]["stock"]["median"] * 1e3
         top = ", ".join(f"{name} {ms:.2f}" for name, ms in list(entry["breakdown_ms"].items())[:3])
         measure = (
-            f"step time, every lightning-scale callback / stock ModelCheckpoint + EarlyStopping, {entry['processes']} "
+            f"step time, every lightning-scale callback of the command / stock ModelCheckpoint + EarlyStopping, "
+            f"{entry['processes']} "
             f"process(es), {stock_ms:.1f} ms step (hook ms/step: {top})"
         )
         rows.append(row("callback_overhead", measure, ratio["median"], _span(ratio), "x",
