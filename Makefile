@@ -34,9 +34,12 @@ test: lint bytecode
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
-# What one lent GPU can show (skipped, with the reason, without CUDA): a memory snapshot/restore cycle on CUDA.
+# What one lent GPU can show (skipped, with the reason, without CUDA): a memory snapshot/restore cycle on CUDA, with
+# dropout under deterministic algorithms, checked bitwise; each strategy at world size 1 on NCCL, an async save's
+# device-to-host staging and the CUDA allocator's peaks.
 gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_snapshot.py
+	$(BIN)/python benchmarks/gpu_strategies.py
 
 clean:
 	rm -rf $(VENV) runs
