@@ -23,17 +23,18 @@ STEPS = 6
 
 
 class Net(nn.Module):
-    """Parameters of awkward sizes (fewer elements than ranks, odd counts), one used by rank 0 only, a buffer."""
+    """Parameters of awkward sizes (fewer elements than ranks, odd counts), one in float64, one used by rank 0 only, a
+    buffer."""
 
     def __init__(self) -> None:
         super().__init__()
         self.a, self.b = nn.Linear(7, 13), nn.Linear(13, 3)
-        self.scale = nn.Parameter(torch.ones(1))
+        self.scale = nn.Parameter(torch.ones(1, dtype=torch.float64))
         self.rank0_only = nn.Parameter(torch.full((5,), 0.5))
         self.register_buffer("calls", torch.zeros(()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.b(torch.tanh(self.a(x))) * self.scale
+        out = self.b(torch.tanh(self.a(x))) * self.scale.float()
         if dist.get_rank() == 0:
             out = out + self.rank0_only[:3]
         return out

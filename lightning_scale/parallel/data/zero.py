@@ -16,6 +16,7 @@ they are in flight (at most two), so a rank holds the gradients of its chunks on
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -132,11 +133,6 @@ class ZeroSharding:
         self._next, self._queued = 0, False
         self._handles = [slot.param.register_post_accumulate_grad_hook(self._on_gradient) for slot in self.slots]
         self._handles.append(self.optimizer.register_step_post_hook(lambda *_: self.gather_parameters()))
-
-    @property
-    def parameters(self) -> list[nn.Parameter]:
-        """The model's parameters this sharding covers, in the optimizer's order."""
-        return [slot.param for slot in self.slots]
 
     def close(self) -> None:
         """Remove the hooks (safe to call twice)."""
@@ -259,9 +255,10 @@ class ZeroSharding:
         if math.isinf(norm_type) or norm_type <= 0:
             raise ValueError(f"norm_type={norm_type}: ZeRO clips by a p-norm with 0 < p < inf.")
         grads = [slot.shard.grad for slot in self.slots if slot.shard.grad is not None]
-        powered = torch.zeros((), dtype=torch.float32, device=self.slots[0].param.device)
+        # summed in float64 over every dtype the parameters have
+        powered = torch.zeros((), dtype=torch.float64, device=self.slots[0].param.device)
         for grad in grads:
-            powered += torch.linalg.vector_norm(grad, norm_type, dtype=torch.float32) ** norm_type
+            powered += torch.linalg.vector_norm(grad, norm_type).double() ** norm_type
         total = distributed.all_reduce_sum_(powered) ** (1.0 / norm_type)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for grad in grads:
@@ -311,12 +308,16 @@ class ZeroSharding:
         return _Slot(param, param.detach().view(-1)[start:stop], chunk, 0, start, stop)  # type: ignore[arg-type]
 
     def _buckets(self, bucket_bytes: int) -> list[_Bucket]:
-        """Buckets in the reverse order of the parameters (about the order backward produces their gradients)."""
+        """Buckets in the reverse order of the parameters (about the order backward produces their gradients), each of
+        one dtype and device."""
         buckets: list[_Bucket] = []
         current: list[_Slot] = []
         size = 0
         for slot in reversed(self.slots):
-            if current and (size + slot.chunk) * self.world_size * slot.param.element_size() > bucket_bytes:
+            full = (size + slot.chunk) * self.world_size * slot.param.element_size() > bucket_bytes
+            other_kind = current and (slot.param.dtype, slot.param.device) != (current[0].param.dtype,
+                                                                              current[0].param.device)  # fmt: skip
+            if current and (full or other_kind):
                 buckets.append(_Bucket(current, size))
                 current, size = [], 0
             slot.offset = size
@@ -332,8 +333,6 @@ class ZeroSharding:
 
 
 def _accepted_defaults(optimizer: Optimizer) -> dict[str, Any]:
-    import inspect
-
     # AdamW's defaults include Adam's decoupled_weight_decay, which AdamW's __init__ refuses
     accepted = inspect.signature(type(optimizer).__init__).parameters
     return {name: value for name, value in optimizer.defaults.items() if name in accepted}
