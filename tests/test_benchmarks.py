@@ -34,8 +34,8 @@ def test_every_benchmark_runs_quick_and_the_summary_has_a_row_for_each(tmp_path)
     targets = [row for row in latest["summary"] if row["target"]]
     assert len(targets) >= 7 and all(isinstance(row["holds"], bool) for row in targets)
     measures = " ".join(row["measure"] for row in latest["summary"])
-    for named in ("data_parallel / ddp", "every lightning-scale callback / stock", "2 process(es)", "async / sync",
-                  "durable checkpoint", "SpotPreemption voting", "raw torch pipelining",
+    for named in ("data_parallel / ddp", "every lightning-scale callback of the command / stock", "2 process(es)",
+                  "async / sync", "durable checkpoint", "SpotPreemption voting", "raw torch pipelining",
                   "peak memory per rank in a step, model_parallel (FSDP2) / ddp", "largest pipeline_parallel stage",
                   "first training step", "resumable loader", "model_parallel shards", "ZeRO-1 per-rank shares",
                   "HangWatchdog / none", "restarted job's first step", "goodput at a fault every",

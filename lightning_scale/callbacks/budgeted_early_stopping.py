@@ -37,7 +37,8 @@ class BudgetedEarlyStopping(EarlyStopping):
       than this per USD spent (a run that can no longer pay off).
 
     The budget is checked every ``check_every_n_steps`` training steps, the improvement at each evaluation; every
-    decision is a vote, so all ranks stop after the same step. The reason is printed, logged (``stopping_reason_
+    decision is a vote, so all ranks stop after the same step (on several processes the budget's vote is read at the
+    next one, so no step waits for it: the stop comes a check later). The reason is printed, logged (``stopping_reason_
     message``; W&B summary ``early_stopping/reason``) and, with the evaluations seen, kept in the checkpoint, so a
     resumed run keeps its budget. Metrics logged when it stops (rank 0): ``early_stopping/stopped_step``,
     ``early_stopping/usd_total``, ``early_stopping/reason_code`` (1 ``max_cost_usd``, 2 ``max_hours``, 3

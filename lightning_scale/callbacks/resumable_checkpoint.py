@@ -53,8 +53,9 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     A subclass of Lightning's ``ModelCheckpoint`` (its arguments keep their meaning; the README's "Differences from
     the stock classes" lists what differs). On top of it, each detailed in the README's "Checkpoints" section:
 
-    - **triggers**: every ``every_n_train_steps`` and/or ``every_n_minutes`` of wall time (a vote of all ranks at the
-      same step), or ``every_n_minutes="auto"``: the Young/Daly interval ``sqrt(2 C M)`` for the measured save time
+    - **triggers**: every ``every_n_train_steps`` and/or ``every_n_minutes`` of wall time (a vote of all ranks, read
+      a step later on several processes so that no step waits for it: all ranks save at the same step), or
+      ``every_n_minutes="auto"``: the Young/Daly interval ``sqrt(2 C M)`` for the measured save time
       ``C`` and ``mean_time_between_interruptions_hours`` ``M``, logged as ``checkpoint/interval_minutes`` with
       ``checkpoint/save_seconds``;
     - **asynchronous** (``async_save``; training waits for a host-memory copy) and **sharded** (``sharded``; every

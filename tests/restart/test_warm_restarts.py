@@ -48,7 +48,7 @@ def test_each_failure_is_restarted_by_the_ranks_parents_from_memory_without_torc
         Fault(step=3, rank=1, kind="SIGKILL"),
         Fault(step=6, rank=0, kind="crash"),
         Fault(step=9, rank=1, kind="SIGSTOP"),  # frozen: nothing but its parent can tell it will never go on
-        Fault(step=14, rank=0, kind="SIGTERM"),  # a spot notice: save, exit 143, torchrun restarts the job
+        Fault(step=13, rank=0, kind="SIGTERM"),  # a spot notice: saved at 15, exit 143, torchrun restarts the job
     )
     (tmp_path / "claims").mkdir()
     stuck = {"HANG_CLAIMS": str(tmp_path / "claims"), "HANG_STEP": "1:12"}  # rank 1's training_step of step 12
