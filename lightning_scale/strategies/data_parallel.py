@@ -122,6 +122,7 @@ class DataParallelStrategy(DDPStrategy):
         # DDP's arguments ZeRO honours (None, as LightningCLI passes unset ones, is DDP's default bucket size)
         self._bucket_cap_mb: float = kwargs.get("bucket_cap_mb") or 25
         self._broadcast_buffers = kwargs.get("broadcast_buffers", True)
+        self._buffers: list[torch.Tensor] = []
         self._unroute_clipping: Callable[[], Any] = lambda: None
 
     @override
@@ -137,6 +138,8 @@ class DataParallelStrategy(DDPStrategy):
     def configure_ddp(self) -> None:
         if self.zero_stage:  # no DDP wrapper: ZeroSharding reduces the gradients; rank 0's weights to start with
             assert self.model is not None
+            # the buffers rank 0 sends each step, found once, as DDP does when it wraps the model
+            self._buffers = list(self.model.buffers()) if self._broadcast_buffers else []
             distributed.broadcast_([*self.model.parameters(), *self.model.buffers()])
             return
         super().configure_ddp()
@@ -195,11 +198,8 @@ class DataParallelStrategy(DDPStrategy):
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self._zero and self._broadcast_buffers:  # as DDP: rank 0's buffers each step
-            assert self.model is not None
-            buffers = list(self.model.buffers())
-            if buffers:
-                distributed.broadcast_(buffers)
+        if self._zero and self._buffers:  # as DDP: rank 0's buffers each step
+            distributed.broadcast_(self._buffers)
         return super().training_step(*args, **kwargs)
 
     @override
