@@ -134,12 +134,20 @@ def cost_levers(result: dict) -> str:
 
 
 def data_loading(result: dict) -> str:
-    rows = [[str(r["world_size"]), r["workers"], f"{r['samples_per_s']['plain']['median']:.0f}",
-             f"{r['samples_per_s']['ours']['median']:.0f}",
-             f"{r['training_process_cpu_s_per_epoch']['plain']['median']:.2f} / "
-             f"{r['training_process_cpu_s_per_epoch']['ours']['median']:.2f}"] for r in result["rows"]]  # fmt: skip
-    header = ["processes", "workers", "plain samples/s", "resumable samples/s", "training process CPU s per epoch "
-              "(plain / resumable)"]  # fmt: skip
+    rows = []
+    for r in result["rows"]:
+        rate, first, cpu = r["samples_per_s"], r.get("first_batch_s"), r["training_process_cpu_s_per_epoch"]
+        rows.append([
+            str(r["world_size"]), r["workers"] + (", persistent" if r.get("persistent_workers") else ""),
+            f"{rate['plain']['median']:.0f}",
+            f"{rate['plain_forkserver']['median']:.0f}" if "plain_forkserver" in rate else "-",
+            f"{rate['ours']['median']:.0f}",
+            f"{first['plain']['median'] * 1e3:.0f} / {first['ours']['median'] * 1e3:.0f}" if first else "-",
+            f"{cpu['plain']['median']:.2f} / {cpu['ours']['median']:.2f}",
+        ])  # fmt: skip
+    header = ["processes", "workers", "plain samples/s", "plain on ours' forkserver", "resumable samples/s",
+              "ms to the first batch (plain / resumable)",
+              "training process CPU s per epoch (plain / resumable)"]  # fmt: skip
     return _table(header, rows)
 
 

@@ -216,9 +216,17 @@ def data_loading_rows(result: dict) -> list[Row]:
     rows = []
     for entry in result["rows"]:
         ratio = entry["ours_over_plain_throughput"]
-        label = f"data-loading throughput, resumable loader ({entry['workers']} workers) / plain DataLoader"
+        workers = entry["workers"] + (" persistent" if entry.get("persistent_workers") else "")
+        label = f"data-loading throughput, resumable loader ({workers} workers) / plain DataLoader"
         target = f"≥ {result['target']} (lower quartile {ratio['lower_quartile']:.3f})"
         rows.append(row("data_loading", label, ratio["median"], _span(ratio), "x", target, entry["holds"]))
+        for key, what in (("plain_forkserver_over_plain", "plain DataLoader on the resumable loader's forkserver / "
+                           "plain DataLoader"), ("ours_over_plain_forkserver", "resumable loader / plain DataLoader, "
+                           "both on that forkserver")):  # fmt: skip
+            if f"{key}_throughput" in entry:
+                part = entry[f"{key}_throughput"]
+                rows.append(row("data_loading", f"data-loading throughput ({workers} workers), {what}",
+                                part["median"], _span(part), "x"))  # fmt: skip
     return rows
 
 
