@@ -1,6 +1,7 @@
 """One 2-process data-parallel benchmark job (run under torchrun by benchmarks/data_parallel_step.py).
 
-python benchmarks/_data_parallel_job.py --variants V[,V...] --rounds R --steps S [--d-model D] [--memory] --out OUT
+python benchmarks/_data_parallel_job.py --variants V[,V...] --rounds R --steps S [--d-model D] [--n-layers L]
+    [--memory] --out OUT
 V: raw (a torch DDP loop), ddp (Lightning's), data_parallel, zero1, zero2, fp16, powersgd, fsdp (lightning-scale's);
 peers: torch_zero (torch's ZeroRedundancyOptimizer under Lightning's ddp), lightning_model_parallel (Lightning's
 ModelParallelStrategy, ``fully_shard`` on each block and the root in ``configure_model``, as model_parallel does).
@@ -115,7 +116,7 @@ def reduction_buffer_bytes(variant: str, model: torch.nn.Module, strategy: Any) 
     return 0
 
 
-def lightning_run(variant: str, steps: int, d_model: int, memory: bool) -> dict[str, Any]:
+def lightning_run(variant: str, steps: int, d_model: int, n_layers: int, memory: bool) -> dict[str, Any]:
     ends = StepEnds()
     strategy = strategy_of(variant)
     peak = PeakMemory() if memory else None
@@ -126,7 +127,7 @@ def lightning_run(variant: str, steps: int, d_model: int, memory: bool) -> dict[
     )  # fmt: skip
     cls = {"torch_zero": ZeroRedundancyTransformer, "lightning_model_parallel": FullyShardedTransformer}
     with trainer.init_module(empty_init=memory):  # memory: built on the meta device, sharded ones allocate shards only
-        model = cls.get(variant, CharTransformer)(d_model=d_model, dropout=0.0)
+        model = cls.get(variant, CharTransformer)(d_model=d_model, n_layers=n_layers, dropout=0.0)
     trainer.fit(model, datamodule=CharDataModule(batch_size=8))
     return {
         "step_s": ends.median_step_s(WARMUP) if not memory else None,
@@ -178,6 +179,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--d-model", type=int, default=32)
+    parser.add_argument("--n-layers", type=int, default=2, help="transformer blocks (the example's 2 by default)")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -190,7 +192,7 @@ def main() -> None:
             if variant == "raw":
                 result = raw_run(args.steps)
             else:
-                result = lightning_run(variant, args.steps, args.d_model, args.memory)
+                result = lightning_run(variant, args.steps, args.d_model, args.n_layers, args.memory)
             ranks = distributed.all_gather_object(result)
             entry = results.setdefault(variant, {"step_s": [], "memory": [r["memory"] for r in ranks],
                                                  "payload_bytes": ranks[0]["payload_bytes"],

@@ -43,7 +43,8 @@ def data_parallel(result: dict) -> str:
          _mb(max(map(max, entry["peak_per_rank"]))), _ratio(entry["peak_over_ddp"])]
         for variant, entry in result["memory"].items()
     ]  # fmt: skip
-    width = result["memory"]["ddp"]["d_model"]
+    ddp = result["memory"]["ddp"]
+    width = f"{ddp['d_model']}" + (f", {ddp['n_layers']} blocks" if ddp.get("n_layers") else "")
     return (
         f"{config['rounds']} rounds of {config['steps']} steps, every variant in the same 2 processes:\n\n"
         f"{timing(table)}\n\nAt d_model={config['wide_d_model']}, {config['wide_rounds']} rounds of "

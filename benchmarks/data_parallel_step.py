@@ -9,7 +9,9 @@ Step time: every variant in the same two processes, the order rotated every roun
 gradients' bytes count). ``data_parallel`` with ``zero_stage=0`` and no compression runs ``ddp``'s own code: its ratio
 is this machine's noise floor, not a speed-up, and has no target.
 
-Memory, at a width whose training state under ``ddp`` is over 400 MB per rank (d_model=1024): one launch per variant
+Memory, at a size whose training state under ``ddp`` is over 400 MB per rank (8 blocks of d_model=512: FSDP's
+transient, a unit's unsharded parameters and their full gradients, is one block of eight, as in models people shard;
+with the example's 2 blocks every unit is half the model and it measured 0.70 of ``ddp``): one launch per variant
 (a process's resident peak is its own), the variants in turn, twice in alternating order; each rank's peak over its
 steady steps and its resident size at the end of a step (``_peak_memory.py``: less the process's size before the model
 was built, and less what the same launch adds with the example's small model, the runtime's own share; glibc's mmap
@@ -41,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB = Path(__file__).resolve().parent / "_data_parallel_job.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 
-MEMORY_D_MODEL = 1024
+MEMORY_D_MODEL = 512
+MEMORY_N_LAYERS = 8
 SMALL_D_MODEL = 32
 WIDE_D_MODEL = 256
 MEMORY_VARIANTS = ("ddp", "zero1", "zero2", "torch_zero", "fsdp", "lightning_model_parallel")
@@ -83,7 +86,7 @@ def _paired(mine: dict, other: dict) -> dict[str, float]:
     return paired_ratios([a / b for a, b in zip(mine["step_s"], other["step_s"], strict=True)])
 
 
-def memory(rounds: int, d_model: int) -> dict[str, dict]:
+def memory(rounds: int, d_model: int, n_layers: int) -> dict[str, dict]:
     """Per variant: per round, each rank's peak and resident size at the end of a step, less what the same launch
     costs with the example's own small model (the runtime: Lightning, the process group, the data, the allocator's
     arenas), so that what is left is the training state's share; the bytes held by construction; the peak's ratio
@@ -95,15 +98,16 @@ def memory(rounds: int, d_model: int) -> dict[str, dict]:
             if variant not in runtime:
                 small = run([variant], 1, 20, f"--d-model={SMALL_D_MODEL}", "--memory")[variant]
                 runtime[variant] = max(small["rest_bytes"]) - max(sum(rank.values()) for rank in small["memory"])
-            launches[variant].append(run([variant], 1, 20, f"--d-model={d_model}", "--memory")[variant])
+            size = (f"--d-model={d_model}", f"--n-layers={n_layers}")
+            launches[variant].append(run([variant], 1, 20, *size, "--memory")[variant])
     table = {}
     for variant, results in launches.items():
         held = max(sum(rank.values()) for rank in results[0]["memory"])
         peaks = [[peak - runtime[variant] for peak in r["peak_bytes"]] for r in results]
         rests = [[rest - runtime[variant] for rest in r["rest_bytes"]] for r in results]
-        table[variant] = {"d_model": d_model, "state_per_rank": results[0]["memory"], "held_bytes": held,
-                          "runtime_bytes": runtime[variant], "peak_per_rank": peaks, "rest_per_rank": rests,
-                          "rest_over_held": max(map(max, rests)) / held}  # fmt: skip
+        table[variant] = {"d_model": d_model, "n_layers": n_layers, "state_per_rank": results[0]["memory"],
+                          "held_bytes": held, "runtime_bytes": runtime[variant], "peak_per_rank": peaks,
+                          "rest_per_rank": rests, "rest_over_held": max(map(max, rests)) / held}  # fmt: skip
     for entry in table.values():
         ddp = table["ddp"]["peak_per_rank"]
         ratios = [max(mine) / max(theirs) for mine, theirs in zip(entry["peak_per_rank"], ddp, strict=True)]
@@ -122,7 +126,7 @@ def main() -> None:
     table = timing(run(variants, rounds, steps))
     wide_rounds, wide_steps = (2, 20) if args.quick else (7, 40)
     wide = timing(run(list(WIDE_VARIANTS), wide_rounds, wide_steps, f"--d-model={wide_d_model}"))
-    held = memory(1 if args.quick else 2, memory_d_model)
+    held = memory(1 if args.quick else 2, memory_d_model, 2 if args.quick else MEMORY_N_LAYERS)
     print(f"data parallel, example transformer, 2 processes (gloo), {rounds} rounds of {steps} steps, rotated")
     header = ("variant", "ms/step", "(min-max)", "/ ddp", "(upper q.)", "all B/rank", "payload B/step")
     print(" ".join(f"{name:>{width}}" for name, width in zip(header, (24, 8, 15, 6, 10, 12, 15), strict=True)))
@@ -137,12 +141,16 @@ def main() -> None:
     print(f"at d_model={wide_d_model}, {wide_rounds} rounds of {wide_steps} steps: / ddp (upper quartile)")
     for variant, entry in wide.items():
         print(f"{variant:>24} {entry['step_s']['median'] * 1e3:8.2f} ms {entry['over_ddp']['upper_quartile']:6.3f}")
-    print(f"memory at d_model={memory_d_model}, MB per rank (max over ranks): held by construction / at rest / peak")
+    print(
+        f"memory at d_model={memory_d_model}, {held['ddp']['n_layers']} blocks, MB per rank (max over ranks): "
+        "held by construction / at rest / peak"
+    )
     for variant, entry in held.items():
         rest, peak = max(map(max, entry["rest_per_rank"])), max(map(max, entry["peak_per_rank"]))
         print(f"{variant:>24} {entry['held_bytes'] / 1e6:9.1f} / {rest / 1e6:9.1f} / {peak / 1e6:9.1f}  "
               f"peak / ddp {entry['peak_over_ddp']['max']:.3f}")  # fmt: skip
     config = {"rounds": rounds, "steps": steps, "variants": variants, "memory_d_model": memory_d_model,
+              "memory_n_layers": held["ddp"]["n_layers"],
               "wide_d_model": wide_d_model, "wide_rounds": wide_rounds, "wide_steps": wide_steps,
               "quick": args.quick}  # fmt: skip
     result = {"machine": machine_info(), "config": config, "table": table, "wide": wide, "memory": held}

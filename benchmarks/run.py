@@ -56,6 +56,12 @@ def row(benchmark: str, measure: str, value: float, low_high: tuple[float, float
             "holds": holds}  # fmt: skip
 
 
+def _size(memory_entry: dict) -> str:
+    """The model a memory row measured: its width, and its blocks where the row says (older results do not)."""
+    blocks = memory_entry.get("n_layers")
+    return f"d_model={memory_entry['d_model']}" + (f", {blocks} blocks" if blocks else "")
+
+
 def _span(spread: dict[str, float]) -> tuple[float, float]:
     return spread["min"], spread["max"]
 
@@ -108,14 +114,14 @@ def data_parallel_rows(result: dict) -> list[Row]:
             continue
         ratio, target = entry["peak_over_ddp"], MEMORY_TARGETS.get(variant)
         measure = (
-            f"peak memory per rank in a step, {DATA_PARALLEL_LABELS[variant]} / ddp, d_model={entry['d_model']} "
+            f"peak memory per rank in a step, {DATA_PARALLEL_LABELS[variant]} / ddp, {_size(entry)} "
             f"(held by construction: {entry['held_bytes'] / result['memory']['ddp']['held_bytes']:.2f})"
         )
         rows.append(row("data_parallel_step", measure, ratio["median"], _span(ratio), "x", *_verdict(ratio, target)))
     for variant, entry in result["memory"].items():
         within = abs(entry["rest_over_held"] - 1) <= 0.10
         rows.append(row("data_parallel_step", f"resident at the end of a step / held by construction, "
-                        f"{DATA_PARALLEL_LABELS.get(variant, variant)}, d_model={entry['d_model']}",
+                        f"{DATA_PARALLEL_LABELS.get(variant, variant)}, {_size(entry)}",
                         entry["rest_over_held"], None, "x", "within 10 %", within))  # fmt: skip
     return rows
 
