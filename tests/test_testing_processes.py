@@ -1,12 +1,17 @@
-"""``lightning_scale.testing.processes``: a simulated lost machine takes its processes' shared memory with them."""
+"""``lightning_scale.testing.processes``: a simulated lost machine takes its processes' shared memory with them, and
+what a job leaves behind is found, forkserver workers included."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
-from lightning_scale.testing.processes import kill_processes
+from lightning_scale._linux import parent_ids
+from lightning_scale.testing import launch_environment
+from lightning_scale.testing.processes import job_environment, kill_processes, processes_of_job
 
 
 def test_a_killed_process_takes_its_torch_shared_memory_segments_and_no_other_process_s():
@@ -22,3 +27,46 @@ def test_a_killed_process_takes_its_torch_shared_memory_segments_and_no_other_pr
         bystander.kill()
         bystander.wait()
         segments[bystander.pid].unlink(missing_ok=True)
+
+
+def test_a_job_s_forkserver_workers_are_found_by_its_mark_which_their_command_lines_lack(tmp_path):
+    """The check that a finished job left nothing behind sees the DataLoader workers that jobs actually start."""
+    script = tmp_path / "loader.py"
+    script.write_text(
+        "import sys\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n\n"
+        "if __name__ == '__main__':\n"
+        "    loader = DataLoader(list(range(64)), num_workers=2, multiprocessing_context='forkserver')\n"
+        "    batches = iter(loader)\n"
+        "    next(batches)\n"
+        "    print('running', flush=True)\n"
+        "    sys.stdin.read()\n"
+    )
+    job = tmp_path / "job"
+    env = launch_environment([], **job_environment(job))
+    process = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "running\n"
+        marked = processes_of_job(job)
+        parents = parent_ids()
+        [server] = [pid for pid in marked if parents.get(pid) == process.pid and b"forkserver" in _cmdline(pid)]
+        workers = [pid for pid in marked if parents.get(pid) == server]
+        assert process.pid in marked and len(workers) == 2  # the rank, its forkserver and the two workers from it
+        assert all(str(job).encode() not in _cmdline(pid) for pid in workers)  # a command-line search misses them
+        assert processes_of_job(tmp_path / "other") == []
+    finally:
+        process.communicate("", timeout=60)
+    deadline = time.monotonic() + 30
+    while processes_of_job(job) and time.monotonic() < deadline:  # the workers and the forkserver end with it
+        time.sleep(0.1)
+    assert processes_of_job(job) == []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

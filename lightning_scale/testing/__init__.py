@@ -12,7 +12,7 @@ from lightning_scale.testing.exact_resume import (
 from lightning_scale.testing.faults import Fault, FaultInjector
 from lightning_scale.testing.job import CloudNotices, CostModel, JobConfig, read_job, write_job
 from lightning_scale.testing.launch import launch_command, launch_environment, run_attempt, torchrun_failures
-from lightning_scale.testing.processes import kill_process_tree, processes_mentioning
+from lightning_scale.testing.processes import job_environment, kill_process_tree, processes_of_job
 from lightning_scale.testing.step_clock import StepClock
 
 __all__ = [
@@ -26,10 +26,11 @@ __all__ = [
     "assert_exact_resume",
     "assert_same_final_weights",
     "assert_same_tensors",
+    "job_environment",
     "kill_process_tree",
     "launch_command",
     "launch_environment",
-    "processes_mentioning",
+    "processes_of_job",
     "read_job",
     "read_traces",
     "run_attempt",

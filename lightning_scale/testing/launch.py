@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from lightning_scale.testing.job import MARKER, read_job
-from lightning_scale.testing.processes import kill_process_tree
+from lightning_scale.testing.processes import job_environment, kill_process_tree
 
 __all__ = ["RUNNER", "launch_command", "launch_environment", "run_attempt", "torchrun_failures"]
 
@@ -93,7 +93,7 @@ def run_attempt(config_path: str | Path, timeout_s: float, expect: Literal["fini
     config, out_dir = read_job(config_path), Path(config_path).parent
     marker = out_dir / MARKER
     marker.unlink(missing_ok=True)
-    env = launch_environment(config.sys_path, **config.launch_env)
+    env = launch_environment(config.sys_path, **config.launch_env, **job_environment(out_dir))
     command = launch_command(["-m", RUNNER, str(config_path)], config.devices, max_restarts=config.max_restarts)
     with open(out_dir / "log.txt", "a") as log:
         log.write(f"\n===== attempt: {' '.join(command)}\n")

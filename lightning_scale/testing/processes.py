@@ -8,6 +8,9 @@ gone, and unlinks the named semaphores they leave in ``/dev/shm`` (DataLoader qu
 memory takes with it but a machine that only simulates the loss would keep. For the same reason the shared-memory
 segments of torch tensors that a killed process was handing to another (``/dev/shm/torch_<pid>_*``, unlinked by torch
 once received) are removed with it.
+
+What a finished job left behind is found by a mark in the environment (:data:`JOB_MARK`), which every process of
+the job inherits: DataLoader workers started from a forkserver carry no part of the job's command line.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ from pathlib import Path
 
 from lightning_scale._linux import parent_ids
 
-__all__ = ["descendants", "kill_process_tree", "kill_processes", "processes_mentioning"]
+__all__ = ["JOB_MARK", "descendants", "job_environment", "kill_process_tree", "kill_processes", "processes_of_job"]
 
 _SHARED_MEMORY = Path("/dev/shm")
+
+JOB_MARK = "LIGHTNING_SCALE_TEST_JOB"
+"""The environment variable that names the job a process belongs to (see :func:`job_environment`)."""
 
 
 def descendants(pid: int) -> list[int]:
@@ -65,11 +71,18 @@ def _resource_tracker(pid: int) -> bool:
     return False
 
 
-def processes_mentioning(path: Path | str) -> list[int]:
-    """Live processes whose command line mentions ``path`` (a job's directory): what a finished job left behind."""
+def job_environment(job: Path | str) -> dict[str, str]:
+    """The environment entry that marks every process a launch starts (ranks, their workers, forkservers and the
+    workers forked from those) as ``job``'s, for :func:`processes_of_job`."""
+    return {JOB_MARK: str(job)}
+
+
+def processes_of_job(job: Path | str) -> list[int]:
+    """Live processes marked as ``job``'s (:func:`job_environment`): what a finished job left behind."""
+    wanted = f"{JOB_MARK}={job}".encode()
     found = []
     for pid in descendants(1):
-        with contextlib.suppress(OSError):  # the process ended while we looked
-            if str(path) in Path(f"/proc/{pid}/cmdline").read_text():
+        with contextlib.suppress(OSError):  # the process ended while we looked, or is not ours to read
+            if wanted in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
                 found.append(pid)
     return found

@@ -25,7 +25,7 @@ from lightning_scale.testing import (
     kill_process_tree,
     launch_command,
     launch_environment,
-    processes_mentioning,
+    processes_of_job,
     read_traces,
     run_attempt,
     write_job,
@@ -94,7 +94,7 @@ def test_sigterm_to_one_rank_stops_all_saves_exits_143_and_resumes_exactly(
     log = (tmp_path / "job" / "log.txt").read_text()
     assert "exitcode  : 143" in log and "Preempted at step" in log
     assert "Auto-resuming" not in log  # the first attempt started fresh; the checks below see where the re-run starts
-    assert processes_mentioning(tmp_path / "job") == []  # ranks and dataloader workers are all gone
+    assert processes_of_job(tmp_path / "job") == []  # ranks and dataloader workers are all gone
     assert list(snapshot_root.iterdir()) == []  # the snapshots, no newer than the checkpoint, were freed
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     # the notice is seen at the vote after step + 1, answered on every rank at the next one (votes do not wait)
@@ -194,7 +194,7 @@ def test_sigkill_of_one_rank_ends_the_job_quickly_without_a_hang(tmp_path):
     started = time.monotonic()
     run_attempt(job, 120, expect="failure")
     assert time.monotonic() - started < 60  # gloo sees the dead peer at once; torchrun ends the job
-    assert processes_mentioning(tmp_path / "job") == []
+    assert processes_of_job(tmp_path / "job") == []
     manifest, _ = find_newest_valid(CheckpointStore(str(tmp_path / "job" / "checkpoints")))
     assert manifest is None or manifest.global_step <= 8  # nothing half-written was published
 

@@ -28,10 +28,11 @@ from lightning_scale.testing import (
     Fault,
     JobConfig,
     ResumeReport,
+    job_environment,
     kill_process_tree,
     launch_command,
     launch_environment,
-    processes_mentioning,
+    processes_of_job,
     write_job,
 )
 
@@ -118,7 +119,7 @@ def write_cells(root: Path, interrupted: bool) -> Path:
 def launch(listing: Path, markers: list[Path], log: Path, timeout_s: float = 400) -> int | str:
     """One torchrun launch of the matrix job: its exit code, or ``"killed"`` when a cell's checkpoint was marked."""
     command = launch_command(["-m", "tests.data.matrix_job", str(listing)], 2)
-    env = launch_environment([ROOT], PYTHONFAULTHANDLER="1")
+    env = launch_environment([ROOT], PYTHONFAULTHANDLER="1", **job_environment(listing.parent))
     with open(log, "a") as handle:
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
@@ -144,7 +145,7 @@ def left_behind(root: Path, grace_s: float = 6.0) -> list[str]:
     """The processes of a finished launch still alive after ``grace_s``, described: a DataLoader worker whose rank
     exited notices within 5 s (torch's ``MP_STATUS_CHECK_INTERVAL``) and exits."""
     deadline = time.monotonic() + grace_s
-    while (pids := processes_mentioning(root)) and time.monotonic() < deadline:
+    while (pids := processes_of_job(root)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return [described for pid in pids if (described := _describe(pid)) is not None]
 
