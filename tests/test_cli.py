@@ -19,8 +19,9 @@ from lightning.pytorch import Callback
 
 from examples.char_transformer import CharTransformer
 from lightning_scale.cli import main
-from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
+from lightning_scale.errors import USAGE_ERROR_EXIT_CODE, ConfigurationError
 from lightning_scale.testing import launch_command, launch_environment
+from tests.data.user_code import UserMLP
 from tests.wandb_records import history_values, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,6 +269,29 @@ def test_a_usage_error_at_fit_start_is_one_short_message_and_exit_code_2(tmp_pat
     assert f"Cannot write checkpoints to dirpath={str(tmp_path / 'a-file')!r}" in line and "(dirpath=...)" in line
 
 
+class RefusedOnRankOne(UserMLP):
+    """A module whose check fails on rank 1 only, as a check of something a node has (a path, a device) can."""
+
+    def setup(self, stage: str) -> None:
+        if self.trainer.global_rank == 1:
+            raise ConfigurationError("rank 1 cannot read /data/shard-1 (mount it, or --data.root ...)")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_usage_error_found_on_rank_1_alone_is_reported_once(tmp_path):
+    done = lightning_scale(
+        tmp_path, "fit", "--model=tests.test_cli.RefusedOnRankOne", *USER_CODE[1:], "--trainer.accelerator=cpu",
+        "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_steps=2",
+        f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+    )  # fmt: skip
+    assert done.returncode != 0
+    reports = [line for line in done.stderr.splitlines() if line.startswith("lightning-scale: error:")]
+    assert reports == ["lightning-scale: error: rank 1 cannot read /data/shard-1 (mount it, or --data.root ...)"], (
+        output(done)[-4000:]
+    )
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_torchrun_restarts_of_a_usage_error_end_at_once_with_the_same_message(tmp_path):
@@ -282,13 +306,19 @@ def test_torchrun_restarts_of_a_usage_error_end_at_once_with_the_same_message(tm
     command = launch_command(fit, 2, max_restarts=2)
     env = launch_environment([ROOT])
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode != 0
-    reports = [line for line in output(done).splitlines() if line.startswith("lightning-scale: error:")]
-    assert len(reports) == 3, output(done)[-4000:]  # rank 0 of each attempt, once
+    text = output(done)
+    assert done.returncode == 1, text[-4000:]  # torchrun's own code for a job whose workers failed
+    # every worker torchrun saw end, in every attempt, ended with the usage error's code (one it stops is not listed)
+    codes = re.findall(r"failed \(exitcode: (-?\d+)\)", text) + re.findall(r"exitcode\s+: (-?\d+)", text)
+    assert codes and set(codes) == {str(USAGE_ERROR_EXIT_CODE)}, text[-4000:]
+    # the one traceback is torchrun's own report of the failed job, not a worker's
+    frames = re.findall(r'File "([^"]+)"', text)
+    assert all(f.startswith("<frozen") or "/torch/distributed/" in f for f in frames), frames
+    reports = [line for line in text.splitlines() if line.startswith("lightning-scale: error:")]
+    assert len(reports) == 3, text[-4000:]  # local rank 0 of each attempt, once
     assert "trainable parameters are outside it: pre.weight, pre.bias" in reports[0]
     assert all(r.endswith("(the same usage error stopped this torchrun job's first attempt)") for r in reports[1:])
     assert output(done).count("No valid checkpoint in") == 1  # only the first attempt got as far as setup
-    assert 'lightning_scale/strategies/pipeline_parallel.py", line' not in output(done)  # no worker's traceback
 
 
 def test_under_torchrun_the_job_trains_on_the_nodes_its_rendezvous_formed(monkeypatch):

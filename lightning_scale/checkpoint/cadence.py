@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
+from lightning_scale.errors import ConfigurationError
+
 __all__ = ["AutoCadence", "SaveTimer", "young_daly_interval_seconds"]
 
 
@@ -44,9 +46,9 @@ class AutoCadence:
 
     def __init__(self, mtbi_seconds: float, initial_save_seconds: float = 10.0, window: int = 5) -> None:
         if not mtbi_seconds > 0:
-            raise ValueError(f"the mean time between interruptions must be > 0 (got {mtbi_seconds} s).")
+            raise ConfigurationError(f"the mean time between interruptions must be > 0 (got {mtbi_seconds} s).")
         if window < 1:
-            raise ValueError(f"window={window} must be >= 1.")
+            raise ConfigurationError(f"window={window} must be >= 1.")
         self.mtbi_seconds = mtbi_seconds
         self.initial_save_seconds = initial_save_seconds
         self._costs: deque[float] = deque(maxlen=window)

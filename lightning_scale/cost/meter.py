@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lightning_scale.errors import ConfigurationError
+
 __all__ = ["CostMeter", "CostReport"]
 
 
@@ -70,9 +72,11 @@ class CostMeter:
         rate_window_steps: int = 50,
     ) -> None:
         if not usd_per_hour >= 0 or (on_demand_usd_per_hour is not None and not on_demand_usd_per_hour >= 0):
-            raise ValueError(f"Prices must be >= 0 USD per hour (got {usd_per_hour}, {on_demand_usd_per_hour}).")
+            raise ConfigurationError(
+                f"Prices must be >= 0 USD per hour (got {usd_per_hour}, {on_demand_usd_per_hour})."
+            )
         if not max_restart_gap_seconds >= 0:
-            raise ValueError(f"max_restart_gap_seconds={max_restart_gap_seconds} must be >= 0.")
+            raise ConfigurationError(f"max_restart_gap_seconds={max_restart_gap_seconds} must be >= 0.")
         self.usd_per_hour = usd_per_hour
         self.on_demand_usd_per_hour = on_demand_usd_per_hour
         self.clock = clock

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from lightning_scale import knobs
 from lightning_scale._process_local import ProcessLocal
+from lightning_scale.errors import ConfigurationError
 from lightning_scale.preemption.notice import Notice
 
 __all__ = ["PollingSource", "PollingThread", "http_request", "validate_base_url", "validate_interval"]
@@ -26,14 +27,14 @@ def validate_base_url(base_url: str, argument: str = "base_url") -> str:
     """``base_url`` without a trailing slash; ``ValueError`` unless it is an http(s) URL with a host."""
     parsed = urllib.parse.urlparse(base_url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError(f"{argument}={base_url!r} is not an http(s) URL such as 'http://169.254.169.254'.")
+        raise ConfigurationError(f"{argument}={base_url!r} is not an http(s) URL such as 'http://169.254.169.254'.")
     return base_url.rstrip("/")
 
 
 def validate_interval(value: float, argument: str) -> float:
     """``value`` when it is a positive number of seconds; ``ValueError`` naming ``argument`` otherwise."""
     if not value > 0:
-        raise ValueError(f"{argument}={value} must be a positive number of seconds.")
+        raise ConfigurationError(f"{argument}={value} must be a positive number of seconds.")
     return float(value)
 
 

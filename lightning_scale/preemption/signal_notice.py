@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
+from lightning_scale.errors import ConfigurationError
 from lightning_scale.preemption.notice import Notice
 from lightning_scale.preemption.polling import validate_interval
 
@@ -69,5 +70,5 @@ def checked_signal_names(signals: Sequence[str]) -> tuple[str, ...]:
     valid = sorted(s.name for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP))
     unknown = [name for name in signals if name not in valid]
     if unknown or not signals:
-        raise ValueError(f"signals={list(signals)!r}: unknown or empty; choose from {', '.join(valid)}.")
+        raise ConfigurationError(f"signals={list(signals)!r}: unknown or empty; choose from {', '.join(valid)}.")
     return tuple(signals)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from lightning_scale.checkpoint.cadence import young_daly_interval_seconds
+from lightning_scale.errors import ConfigurationError
 
 __all__ = ["SnapshotCadence"]
 
@@ -44,11 +45,11 @@ class SnapshotCadence:
 
     def __init__(self, every_n_steps: int | None, max_overhead: float, mtbf_seconds: float | None = None) -> None:
         if every_n_steps is not None and every_n_steps < 1:
-            raise ValueError(f"every_n_steps={every_n_steps} must be >= 1.")
+            raise ConfigurationError(f"every_n_steps={every_n_steps} must be >= 1.")
         if not 0 < max_overhead < 1:
-            raise ValueError(f"max_overhead={max_overhead} must be between 0 and 1 (a share of the step time).")
+            raise ConfigurationError(f"max_overhead={max_overhead} must be between 0 and 1 (a share of the step time).")
         if mtbf_seconds is not None and mtbf_seconds <= 0:
-            raise ValueError(f"mtbf_seconds={mtbf_seconds} must be > 0.")
+            raise ConfigurationError(f"mtbf_seconds={mtbf_seconds} must be > 0.")
         self.every_n_steps = every_n_steps
         self.max_overhead = max_overhead
         self.mtbf_seconds = mtbf_seconds

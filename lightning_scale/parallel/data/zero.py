@@ -29,6 +29,7 @@ from torch.optim import Optimizer
 
 from lightning_scale import distributed
 from lightning_scale._torch_internals import at_end_of_backward
+from lightning_scale.errors import ConfigurationError
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "ZeroSharding", "ZeroStage"]
 
@@ -253,7 +254,7 @@ class ZeroSharding:
         """Scale the chunks' gradients so that the norm of the whole gradient, over every rank, is at most
         ``max_norm`` (as ``torch.nn.utils.clip_grad_norm_`` on the unsharded model); returns that norm."""
         if math.isinf(norm_type) or norm_type <= 0:
-            raise ValueError(f"norm_type={norm_type}: ZeRO clips by a p-norm with 0 < p < inf.")
+            raise ConfigurationError(f"norm_type={norm_type}: ZeRO clips by a p-norm with 0 < p < inf.")
         grads = [slot.shard.grad for slot in self.slots if slot.shard.grad is not None]
         # summed in float64 over every dtype the parameters have
         powered = torch.zeros((), dtype=torch.float64, device=self.slots[0].param.device)
@@ -341,20 +342,20 @@ def _accepted_defaults(optimizer: Optimizer) -> dict[str, Any]:
 def _check_shardable(optimizer: Optimizer) -> None:
     name = type(optimizer).__name__
     if optimizer.state:
-        raise ValueError(f"{name} already holds state; shard it before its first step.")
+        raise ConfigurationError(f"{name} already holds state; shard it before its first step.")
     if not isinstance(optimizer, ELEMENTWISE_OPTIMIZERS):
         known = ", ".join(cls.__name__ for cls in ELEMENTWISE_OPTIMIZERS)
-        raise ValueError(
+        raise ConfigurationError(
             f"ZeRO steps each rank's chunk of every parameter on its own, which is exact only for optimizers that "
             f"update each element from its own gradient and state ({known}); {name} is not one of them. Use "
             "zero_stage=0, or strategy='model_parallel' (FSDP2 keeps each parameter a sharded tensor)."
         )
     params: Sequence[torch.Tensor] = [p for group in optimizer.param_groups for p in group["params"]]
     if len({id(p) for p in params}) != len(params):
-        raise ValueError(f"A parameter appears twice in {name}'s parameter groups.")
+        raise ConfigurationError(f"A parameter appears twice in {name}'s parameter groups.")
     for p in params:
         if p.is_sparse or not p.is_contiguous():
-            raise ValueError(
+            raise ConfigurationError(
                 f"A parameter of shape {tuple(p.shape)} is {'sparse' if p.is_sparse else 'not contiguous'} "
                 "(channels_last?); ZeRO shards contiguous dense parameters. Keep parameters contiguous, or use "
                 "zero_stage=0."

@@ -1,0 +1,109 @@
+"""The LightningCLI subclass of the ``lightning-scale`` command: the default callbacks as configurable keys, checks
+made before anything is built, and the Trainer built with them."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from lightning_scale.callbacks import (
+    CostTracker,
+    HangWatchdog,
+    ResumableCheckpoint,
+    SpotPreemption,
+    StragglerDetector,
+)
+from lightning_scale.cli.consolidate import CONSOLIDATE_HELP
+from lightning_scale.errors import UsageError
+
+__all__ = ["DEFAULT_CALLBACKS", "ScaleCLI"]
+
+DEFAULT_CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
+    "checkpoint": (ResumableCheckpoint, {"dirpath": "checkpoints"}),
+    "preemption": (SpotPreemption, {}),
+    "cost": (CostTracker, {}),
+    "hang": (HangWatchdog, {}),
+    "stragglers": (StragglerDetector, {}),
+}
+"""The callbacks the command adds, by their key: ``--KEY.ARG value`` configures one, ``--KEY null`` switches it off."""
+
+
+class ScaleCLI(LightningCLI):
+    """LightningCLI with the :data:`DEFAULT_CALLBACKS` as configurable keys and a strategy name check.
+
+    Args:
+        args: Command-line arguments (default: ``sys.argv[1:]``); everything else as :class:`LightningCLI`.
+
+    Example:
+        >>> sorted(DEFAULT_CALLBACKS)  # lightning-scale fit ... --checkpoint.dirpath s3://bucket/run --cost null
+        ['checkpoint', 'cost', 'hang', 'preemption', 'stragglers']
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_kwargs", {"prog": "lightning-scale", "epilog": CONSOLIDATE_HELP})
+        # a restarted job runs the same command again: its config.yaml is already there
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Add ``--checkpoint``, ``--preemption``, ``--cost``, ``--hang`` and ``--stragglers``: on by default,
+        ``null`` switches one off."""
+        for key, (callback, init_args) in DEFAULT_CALLBACKS.items():
+            parser.add_lightning_class_args(callback, key, subclass_mode=True, required=False)
+            class_path = f"{callback.__module__}.{callback.__qualname__}"
+            parser.set_defaults({key: {"class_path": class_path, "init_args": init_args}})
+
+    def before_instantiate_classes(self) -> None:
+        """Refuse an unknown strategy name and a missing price before anything is built; under torchrun, train on
+        the nodes its rendezvous formed."""
+        config = self.config.get(str(self.subcommand), self.config)
+        _nodes_of_the_rendezvous(config)
+        strategy = config.get("trainer", {}).get("strategy")
+        if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
+            names = ", ".join(sorted(StrategyRegistry.available_strategies()))
+            self._error(f"--trainer.strategy {strategy!r} is not a registered strategy; choose one of: {names}.")
+        cost = config.get("cost")
+        priced = cost is None or cost.init_args.get("price_per_hour") is not None
+        if not priced and (cost.init_args.get("provider") is None or cost.init_args.get("instance_type") is None):
+            self._error(
+                "--cost needs the price of one node: --cost.price_per_hour 3.2, or --cost.provider gcp "
+                "--cost.instance_type a2-highgpu-1g (add --cost.spot true on spot capacity); --cost null switches "
+                "cost tracking off."
+            )
+
+    def instantiate_classes(self) -> None:
+        """Build the classes; a bad argument refused by a lightning-scale class is a usage error, not a traceback."""
+        try:
+            super().instantiate_classes()
+        except UsageError as error:
+            self._error(str(error))
+
+    def _error(self, message: str) -> None:
+        self._parser(self.subcommand).error(message)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        given = config.get("callbacks") or []
+        given = given if isinstance(given, list) else [given]
+        # a default switched off is None; one the user also added in --trainer.callbacks gives way to theirs
+        callbacks = [c for c in callbacks if c is not None and not any(isinstance(g, type(c)) for g in given)]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks.append(RichProgressBar())  # with the cost so far (CostTracker's progress_bar)
+        return super()._instantiate_trainer(config, callbacks)
+
+
+def _nodes_of_the_rendezvous(config: Any) -> None:
+    """``trainer.num_nodes`` set to the number of nodes torchrun's rendezvous formed (``GROUP_WORLD_SIZE``): an
+    elastic job (``--nnodes MIN:MAX``) gets another one whenever nodes leave or join, and Lightning refuses a count
+    that differs from the processes it finds."""
+    formed = os.environ.get("GROUP_WORLD_SIZE")
+    given = config.get("trainer", {}).get("num_nodes", 1)
+    if formed is None or int(formed) == given:
+        return
+    rank_zero_info(f"--trainer.num_nodes {given} -> {formed}: the nodes torchrun's rendezvous formed.")
+    config["trainer.num_nodes"] = int(formed)
