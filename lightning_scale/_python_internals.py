@@ -21,6 +21,9 @@
    (``os.killpg``, SIGKILL 30 s after SIGTERM for a stopped rank), the tracker with it, so they stayed in ``/dev/shm``.
    Started apart, in a process group of its own, it outlives the kill, sees the rank's end and unlinks them.
 
+4. ``start_method_of``: ``BaseProcess._start_method``, how a ``multiprocessing`` process was started (the class of
+   the context that made it: ``fork``, ``forkserver``, ``spawn``), ``None`` for a process of the default context.
+
 ``tests/test_python_internals.py`` fails loudly when a Python upgrade moves them.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing.forkserver
+import multiprocessing.process
 import multiprocessing.util
 import os
 import time
@@ -36,7 +40,13 @@ from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from typing import Any
 
-__all__ = ["adopt_forkserver", "forkserver_pid", "run_exit_functions", "start_resource_tracker_apart"]
+__all__ = [
+    "adopt_forkserver",
+    "forkserver_pid",
+    "run_exit_functions",
+    "start_method_of",
+    "start_resource_tracker_apart",
+]
 
 
 def run_exit_functions() -> None:
@@ -104,3 +114,8 @@ def start_resource_tracker_apart() -> None:
         resource_tracker.ensure_running()
     finally:
         multiprocessing.util.spawnv_passfds = spawn
+
+
+def start_method_of(process: multiprocessing.process.BaseProcess) -> str:
+    """How ``process`` was started: its context's start method, or the default one's."""
+    return getattr(process, "_start_method", None) or multiprocessing.get_start_method()

@@ -15,7 +15,9 @@ Each has no public equivalent in torch 2.13; ``tests/test_torch_internals.py`` f
 6. ``set_process_group_timeout``: the timeout of the default process group after it was created (documented for
    users, but named with an underscore);
 7. ``at_end_of_backward``: autograd's engine runs a callback once the current backward pass is done, as DDP and FSDP
-   use to finish their gradient reductions (``Variable._execution_engine.queue_callback``).
+   use to finish their gradient reductions (``Variable._execution_engine.queue_callback``);
+8. ``parameter_initialiser``: a module's ``reset_parameters``, or the private ``_reset_parameters`` that some of
+   torch's own modules have instead (``nn.MultiheadAttention``), to initialise a block built on the meta device.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "compress_hook",
     "files_through",
     "load_state_dict_in_one_process",
+    "parameter_initialiser",
     "set_process_group_timeout",
     "tree_flatten",
     "tree_leaves",
@@ -60,3 +63,9 @@ def files_through(writer: FileSystemWriter, files: FileSystemBase, path: str) ->
 def at_end_of_backward(callback: Callable[[], None]) -> None:
     """Run ``callback`` when the backward pass now running ends (call it from a hook inside that pass)."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def parameter_initialiser(module: torch.nn.Module) -> Callable[[], None] | None:
+    """``module``'s ``reset_parameters``, else its private ``_reset_parameters`` (``nn.MultiheadAttention``), else
+    ``None``."""
+    return getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -10,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from lightning_scale import _python_internals
 
 
 def test_run_exit_functions_runs_what_atexit_registered_in_a_process_that_leaves_with_os_exit():
@@ -106,3 +109,11 @@ def test_the_tracker_started_apart_outlives_a_kill_of_the_ranks_group_and_unlink
         time.sleep(0.05)
     assert semaphore.exists() is not apart
     semaphore.unlink(missing_ok=True)  # the usual tracker's leak: not left for the suite's check
+
+
+def test_start_method_of_a_process_is_its_context_s():
+    for method in ("fork", "forkserver", "spawn"):
+        process = multiprocessing.get_context(method).Process(target=print)  # not started: the field is set at init
+        assert _python_internals.start_method_of(process) == method
+    default = multiprocessing.Process(target=print)
+    assert _python_internals.start_method_of(default) == multiprocessing.get_start_method()

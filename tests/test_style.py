@@ -1,4 +1,4 @@
-"""Checks of the house rules that a reader would otherwise have to trust (see shared/STYLE.md)."""
+"""Checks of the house rules that a reader would otherwise have to trust (written out in CONTRIBUTING.md)."""
 
 from __future__ import annotations
 
@@ -79,9 +79,9 @@ INTERNALS = {"_lightning_internals.py", "_torch_internals.py", "_python_internal
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_private_members_of_other_objects_are_reached_only_through_the_internals_modules(path):
-    """``obj._name`` on anything but ``self``/``cls`` (or ``super()`` for a registered member), and private names
-    imported from torch or Lightning, only in ``_lightning_internals.py``, ``_torch_internals.py`` and
-    ``_python_internals.py``."""
+    """``obj._name`` (or ``getattr(obj, "_name")`` and its kin) on anything but ``self``/``cls`` (or ``super()`` for
+    a registered member), and private names imported from torch or Lightning, only in ``_lightning_internals.py``,
+    ``_torch_internals.py`` and ``_python_internals.py``."""
     if path.name in INTERNALS:
         return
     from lightning_scale._lightning_internals import INHERITED_PRIVATE
@@ -98,9 +98,40 @@ def test_private_members_of_other_objects_are_reached_only_through_the_internals
             if ast.unparse(node) == "os._exit":  # a public function despite its name
                 continue
             found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif _private_by_name(node):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("torch", "lightning"):
             private = [a.name for a in node.names if a.name.startswith("_")] + (
                 [node.module] if any(part.startswith("_") for part in node.module.split(".")) else []
             )
             found += [f"line {node.lineno}: from {node.module} import {name}" for name in private]
     assert not found, found
+
+
+def _private_by_name(node: ast.AST) -> bool:
+    """``getattr``/``setattr``/``hasattr``/``delattr`` of a private name, given as a string, on another object."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2):
+        return False
+    target, name = node.args[0], node.args[1]
+    return (
+        node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+        and isinstance(name, ast.Constant)
+        and isinstance(name.value, str)
+        and name.value.startswith("_")
+        and not name.value.startswith("__")
+        and not (isinstance(target, ast.Name) and target.id in ("self", "cls"))
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "private"),
+    [
+        ("getattr(process, '_start_method', None)", True),
+        ("setattr(trainer, '_x', 1)", True),
+        ("getattr(self, '_cache', None)", False),
+        ("getattr(module, '__wrapped__', None)", False),
+        ("getattr(module, 'reset_parameters')", False),
+    ],
+)
+def test_the_style_check_catches_a_private_name_reached_by_string(source, private):
+    assert _private_by_name(ast.parse(source).body[0].value) is private  # type: ignore[attr-defined]

@@ -38,3 +38,10 @@ def test_a_callback_queued_from_a_gradient_hook_runs_once_after_every_gradient_i
         param.register_post_accumulate_grad_hook(hook)
     ((first * 2).sum() + (second * 3).sum()).backward()
     assert sorted(events[:2]) == ["grad 2", "grad 3"] and events[2:] == ["end"]
+
+
+def test_parameter_initialiser_finds_the_public_and_the_private_reset():
+    assert internals.parameter_initialiser(torch.nn.Linear(2, 2)) is not None
+    attention = torch.nn.MultiheadAttention(4, 2)
+    assert not hasattr(attention, "reset_parameters") and internals.parameter_initialiser(attention)
+    assert internals.parameter_initialiser(torch.nn.ReLU()) is None

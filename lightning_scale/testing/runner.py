@@ -30,6 +30,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
+from lightning_scale._python_internals import start_method_of
 from lightning_scale._torch_internals import tree_flatten
 from lightning_scale.callbacks import (
     BudgetedEarlyStopping,
@@ -137,14 +138,10 @@ class _StackDumpIfStuck(Callback):
         if self.started.wait(self.seconds):
             return
         print(f"STACK DUMP: rank {rank} has not started a step after {self.seconds:.0f} s", file=sys.stderr, flush=True)
-        forked = [p for p in multiprocessing.active_children() if _start_method(p) == "fork"]
+        forked = [p for p in multiprocessing.active_children() if start_method_of(p) == "fork"]
         for process in [None, *forked]:
             os.kill(os.getpid() if process is None else process.pid, signal.SIGUSR2)  # type: ignore[arg-type]
             time.sleep(0.5)  # one process at a time in the log
-
-
-def _start_method(process: multiprocessing.process.BaseProcess) -> str:
-    return getattr(process, "_start_method", None) or multiprocessing.get_start_method()
 
 
 class _BlockAfterCheckpoint(Callback):

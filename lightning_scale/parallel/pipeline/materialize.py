@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from lightning_scale._torch_internals import parameter_initialiser
 from lightning_scale.errors import ConfigurationError
 
 __all__ = ["is_meta", "materialize_"]
@@ -22,7 +23,7 @@ def _reset(module: nn.Module) -> None:
         owns = [*sub.parameters(recurse=False), *sub.buffers(recurse=False)]
         if not owns:
             continue
-        reset = getattr(sub, "reset_parameters", None) or getattr(sub, "_reset_parameters", None)
+        reset = parameter_initialiser(sub)
         if reset is None:
             raise ConfigurationError(
                 f"{type(sub).__name__} ({sub_name or 'the block itself'}) was built on the meta device but has no "
