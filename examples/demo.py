@@ -79,9 +79,14 @@ def run(command: list[str], workdir: Path, preempt_after: int | None, timeout_s:
     return output.decode(errors="replace")
 
 
-def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
-    _, path = newest_checkpoint(workdir / "checkpoints")
-    assert path is not None, f"no checkpoint in {workdir}"
+def final_weights(workdir: Path, steps: int) -> dict[str, torch.Tensor]:
+    """The weights of the job in ``workdir`` after its last step, from its checkpoint of that step."""
+    step, path = newest_checkpoint(workdir / "checkpoints")
+    if step != steps or path is None:
+        raise SystemExit(
+            f"the newest checkpoint in {workdir} is of step {step}, not of the last step {steps}: choose --steps as a "
+            "multiple of the config's checkpoint.every_n_train_steps"
+        )
     return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
 
 
@@ -111,7 +116,8 @@ def main() -> None:
     print(">>> For comparison, the same job without interruption", flush=True)
     run(command("uninterrupted"), workdir / "uninterrupted", None, timeout_s=300)
 
-    resumed, reference = final_weights(workdir / "job"), final_weights(workdir / "uninterrupted")
+    resumed = final_weights(workdir / "job", args.steps)
+    reference = final_weights(workdir / "uninterrupted", args.steps)
     identical = resumed.keys() == reference.keys() and all(torch.equal(resumed[k], v) for k, v in reference.items())
     banner = re.search(r"Auto-resuming from .*\n(  .*\n)*", output)
     costs = re.findall(r"^Cost: .*$", output, flags=re.MULTILINE)

@@ -73,6 +73,8 @@ def test_keep_global_batch_sets_the_accumulation_that_keeps_the_samples_per_step
 def test_outside_fit_the_data_state_is_ignored():
     state = {"version": 1, "world_size": 2, "rank_0": rank_state(False), "rank_1": rank_state(False)}
     DataStateCheckpoint().load_state_dict(state)  # e.g. trainer.validate(ckpt_path=...) on another world size
+    with pytest.raises(ValueError, match="written by 2 processes in the middle of epoch 3"):  # which fit refuses
+        set_up_for_fit(DataStateCheckpoint()).load_state_dict(state)
 
 
 def test_end_of_epoch_checkpoint_from_another_world_size_resumes_with_a_warning():

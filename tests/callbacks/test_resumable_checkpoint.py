@@ -262,9 +262,10 @@ def test_save_last_is_published_with_a_manifest_and_not_counted_by_keep_last_k(t
 def test_validate_after_fit_with_the_callbacks_present_works(tmp_path, tiny_trainer_kwargs):
     _, model, checkpoint, _ = fit(tmp_path, tiny_trainer_kwargs, max_steps=4, every_n_train_steps=2)
     kwargs = {**tiny_trainer_kwargs, "limit_val_batches": 2}
-    Trainer(callbacks=[ResumableCheckpoint(dirpath=str(tmp_path))], **kwargs).validate(
+    [metrics] = Trainer(callbacks=[ResumableCheckpoint(dirpath=str(tmp_path))], **kwargs).validate(
         model, datamodule=CharDataModule(batch_size=8), ckpt_path=checkpoint.best_model_path
     )
+    assert metrics["val_loss"] > 0
 
 
 def test_a_resumed_fit_prints_a_banner_with_the_steps_lost_and_the_cost_so_far(

@@ -27,8 +27,10 @@ def stock_arguments(stock: type) -> dict:
 
 @pytest.mark.parametrize("ours", EXTENDS, ids=lambda cls: cls.__name__)
 def test_every_argument_of_the_stock_strategy_is_accepted_by_name(ours):
-    for name, default in stock_arguments(EXTENDS[ours]).items():
-        ours(**{name: default})  # constructing it is the check
+    arguments = stock_arguments(EXTENDS[ours])
+    assert arguments
+    for name, default in arguments.items():
+        assert isinstance(ours(**{name: default}), EXTENDS[ours])
 
 
 @pytest.mark.parametrize(

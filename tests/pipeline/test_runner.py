@@ -69,17 +69,17 @@ def test_a_train_step_gives_the_mean_microbatch_loss_and_the_full_batch_gradient
 # backward input, which a forward-only stage lacks. On two or more ranks no looped stage has its successor on the same
 # rank (tests/pipeline/test_pipeline_parallel.py evaluates and predicts with them); on one rank each one has, so
 # pipeline_parallel with pipeline_size=1 and a looped multi-stage schedule cannot evaluate yet.
-SAME_RANK_HANDOFF = pytest.mark.xfail(raises=AssertionError, strict=True, reason="torch: can't steal_bwd_input")
-FORWARD_ONLY = [
-    pytest.param(name, marks=SAME_RANK_HANDOFF) if spec.multi_stage and spec.rank_layout == "looped" else name
-    for name, spec in SCHEDULES.items()
-]
+SAME_RANK_HANDOFF = {name for name, spec in SCHEDULES.items() if spec.multi_stage and spec.rank_layout == "looped"}
 
 
-@pytest.mark.parametrize("schedule", FORWARD_ONLY)
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_evaluation_and_prediction_run_forward_only(schedule, group):
     runner, reference = runner_and_reference(schedule, group)
     x, y = batch()
+    if schedule in SAME_RANK_HANDOFF:  # torch's own refusal, not a wrong result: when torch lifts it, this fails
+        with torch.inference_mode(), pytest.raises(AssertionError, match="can't steal_bwd_input if this stage doesn't"):
+            runner.run("eval", (x,), y)
+        return
     with torch.inference_mode():  # as Lightning's evaluation and prediction loops run
         loss, output = runner.run("eval", (x,), y), runner.predict((x,))
         torch.testing.assert_close(loss, F.cross_entropy(reference.model(x), y))
