@@ -9,15 +9,17 @@ Step time: every variant in the same two processes, the order rotated every roun
 gradients' bytes count). ``data_parallel`` with ``zero_stage=0`` and no compression runs ``ddp``'s own code: its ratio
 is this machine's noise floor, not a speed-up, and has no target.
 
-Memory, at a size whose training state under ``ddp`` is over 400 MB per rank (8 blocks of d_model=512: FSDP's
-transient, a unit's unsharded parameters and their full gradients, is one block of eight, as in models people shard;
-with the example's 2 blocks every unit is half the model and it measured 0.70 of ``ddp``): one launch per variant
-(a process's resident peak is its own), the variants in turn, twice in alternating order; each rank's peak over its
-steady steps and its resident size at the end of a step (``_peak_memory.py``: less the process's size before the model
-was built, and less what the same launch adds with the example's small model, the runtime's own share; glibc's mmap
-threshold at 1 MiB), the models built under ``Trainer.init_module(empty_init=True)``, as sharded ones should be, next
-to the bytes it holds by construction (parameters, gradients, optimizer state, and the
-reduction buffers: DDP's buckets copy every gradient, ZeRO-1 keeps one buffer of the gradients' size). Writes
+Memory, at a size whose training state under ``ddp`` is over 400 MB per rank (8 blocks of d_model=1024: 1.6 GB), one
+launch per variant (a process's resident peak is its own), the variants in turn, twice in alternating order; each
+rank's peak over its steady steps and its resident size at the end of a step (``_peak_memory.py``: less the
+process's size before the model was built, and less what the same launch adds with the example's small model, the
+runtime's own share; glibc's mmap threshold at 1 MiB), the models built under
+``Trainer.init_module(empty_init=True)``, as sharded ones should be, next to the bytes it holds by construction
+(parameters, gradients, optimizer state, and the reduction buffers: DDP's buckets copy every gradient, ZeRO-1 keeps
+one buffer of the gradients' size). Eight blocks: FSDP's transient, a unit's unsharded parameters and their full
+gradients, is then one block of eight, as in models people shard (with the example's 2 blocks a unit is half the
+model, and FSDP2 measured 0.70 of ``ddp``); d_model=1024: an activation is 1 MiB, at the mmap threshold, so the
+activations a step frees are not counted as held. Writes
 ``benchmarks/results/data_parallel_step.json``.
 
     .venv/bin/python benchmarks/data_parallel_step.py [--quick]
@@ -43,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB = Path(__file__).resolve().parent / "_data_parallel_job.py"
 RESULTS = Path(__file__).resolve().parent / "results"
 
-MEMORY_D_MODEL = 512
+MEMORY_D_MODEL = 1024
 MEMORY_N_LAYERS = 8
 SMALL_D_MODEL = 32
 WIDE_D_MODEL = 256
