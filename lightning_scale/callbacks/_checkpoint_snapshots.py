@@ -48,7 +48,7 @@ from lightning_scale.snapshot.slots import SLOTS, decode_meta, encode_meta, slot
 from lightning_scale.strategies.data_parallel import DataParallelStrategy
 from lightning_scale.strategies.pipeline_parallel import PipelineParallelStrategy
 
-__all__ = ["MemoryResume", "MemorySnapshots"]
+__all__ = ["MemoryResume", "MemorySnapshots", "holds_rank_specific_state"]
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,7 @@ class MemorySnapshots(ProcessLocal):
         if not supported or not isinstance(io, ShardedAwareCheckpointIO):
             return
         self._io, self._node = io, NodeSnapshots(job_directory(dirpath))
-        sharded = isinstance(strategy, DataParallelStrategy) and (strategy.zero_stage or strategy.grad_compression)
-        self._portable = not sharded  # ZeRO shares and PowerSGD's error feedback differ per rank
+        self._portable = not holds_rank_specific_state(strategy)
         self._room_checked, self._since, self._step_seen, self._last_step_end = False, 0, -1, None
         self._copy_steps, self._copy_beside, self._copies_sent = 0, False, 0
         self._warned = False
@@ -346,3 +345,11 @@ class MemorySnapshots(ProcessLocal):
             )
         _, state = self._node.slots(rank).read(slot)
         return state["rank_local"]
+
+
+def holds_rank_specific_state(strategy: object) -> bool:
+    """Whether each rank's checkpoint under ``strategy`` differs from the others': ZeRO's shares and PowerSGD's error
+    feedback do; fp16/bf16 compression keeps no state, and plain ``data_parallel`` is ``ddp``."""
+    if not isinstance(strategy, DataParallelStrategy):
+        return False
+    return strategy.zero_stage > 0 or strategy.grad_compression == "powersgd"

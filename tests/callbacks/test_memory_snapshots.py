@@ -153,3 +153,19 @@ def test_a_lost_nodes_ranks_resume_from_the_copies_of_their_snapshots_on_the_oth
     assert len(resumed) == 1 and int(resumed[0]) >= 14, log[-5000:]  # newer than any durable checkpoint
     assert_same_final_weights(job.parent, reference.parent, 2)
     assert [list(path.iterdir()) for path in (memory["a"], memory["c"])] == [[], []]  # finished: freed
+
+
+@pytest.mark.parametrize(
+    ("arguments", "specific"),
+    [({}, False), ({"grad_compression": "bf16"}, False), ({"grad_compression": "powersgd"}, True),
+     ({"zero_stage": 1}, True), ({"zero_stage": 2, "grad_compression": "fp16"}, True)],
+)  # fmt: skip
+def test_plain_or_half_precision_data_parallel_snapshots_are_portable_zero_and_powersgd_are_not(arguments, specific):
+    """A portable snapshot (every rank's state the same) resumes on another world size from memory."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from lightning_scale.callbacks._checkpoint_snapshots import holds_rank_specific_state
+    from lightning_scale.strategies import DataParallelStrategy
+
+    assert holds_rank_specific_state(DataParallelStrategy(**arguments)) is specific
+    assert holds_rank_specific_state(DDPStrategy()) is False
