@@ -46,7 +46,10 @@ Lightning 2.6 offers no public hook for fifteen things lightning-scale needs; ea
 16. clipping gradients by norm for a sharded optimizer (``data_parallel``'s ZeRO): Lightning's precision plugin
     clips ``clip_grad_norm_`` over the optimizer's own parameters, which hold one rank's chunks, and offers no hook;
     the strategy routes the plugin's ``clip_grad_by_norm`` through its own norm over every rank, on the plugin
-    instance it owns, and undoes it at teardown.
+    instance it owns, and undoes it at teardown;
+17. ``WandbLogger``'s arguments for ``wandb.init`` (``_wandb_init``): it always passes ``anonymous=None``, on which
+    W&B prints "The anonymous setting has no effect" at every run; the command drops the unset value before the run
+    opens.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ __all__ = [
     "consumed_loader_states",
     "ddp_sampler_on_one_process",
     "drop_lightning_loader_state",
+    "drop_unset_wandb_anonymous",
     "dump_checkpoint",
     "is_last_batch_of_epoch",
     "process_dataloaders_with",
@@ -106,6 +110,7 @@ INHERITED_PRIVATE: dict[str, tuple[str, ...]] = {
     "EarlyStopping": ("_generate_state_key",),
     "Callback": ("_generate_state_key",),
     "LightningCLI": ("_instantiate_trainer", "_parser"),
+    "RichProgressBar": ("_get_train_description",),
     "DDPStrategy": ("_get_process_group_backend", "_timeout"),
     "ModelParallelStrategy": ("_data_parallel_size", "_get_process_group_backend", "_tensor_parallel_size", "_timeout"),
 }  # fmt: skip
@@ -356,6 +361,12 @@ def shut_down_dataloader_workers(trainer: pl.Trainer) -> None:
         for loader in combined.flattened:
             if getattr(loader, "_iterator", None) is not None:
                 loader._iterator = None
+
+
+def drop_unset_wandb_anonymous(logger: WandbLogger) -> None:
+    """Leave ``anonymous`` out of the arguments ``logger`` opens its run with, unless the user set it (item 17)."""
+    if logger._wandb_init.get("anonymous") is None:
+        logger._wandb_init.pop("anonymous", None)
 
 
 def reopen_wandb_run(logger: WandbLogger, run_id: str) -> None:

@@ -336,3 +336,16 @@ def test_under_torchrun_the_job_trains_on_the_nodes_its_rendezvous_formed(monkey
         ScaleCLI(args=[*USER_CODE, "--trainer.accelerator=cpu", "--trainer.logger=false"], run=False).trainer.num_nodes
         == 1
     )
+
+
+@pytest.mark.parametrize(("limits", "expected"), [({"max_steps": 5}, "Epoch 13"), ({"max_epochs": 20}, "Epoch 13/19")])
+def test_the_progress_bar_reads_the_epoch_without_a_negative_bound(limits, expected):
+    """Lightning's Rich bar reads ``Epoch 13/-2`` for a run bounded by steps only (its ``max_epochs`` is -1)."""
+    from lightning.pytorch import Trainer
+
+    from lightning_scale.cli.progress_bar import ScaleProgressBar
+
+    bar = ScaleProgressBar()
+    trainer = Trainer(callbacks=[bar], logger=False, enable_checkpointing=False, **limits)
+    bar.setup(trainer, CharTransformer(), "fit")
+    assert bar._get_train_description(13).strip() == expected

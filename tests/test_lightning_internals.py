@@ -328,3 +328,16 @@ def test_norm_clipping_routes_through_the_plugin_instance_and_the_undo_restores_
     assert float(param.grad.norm()) == pytest.approx(0.5, rel=1e-4)
     undo()
     assert "clip_grad_by_norm" not in vars(plugin)
+
+
+def test_an_unset_anonymous_is_left_out_of_the_wandb_run_s_arguments_and_a_set_one_kept(tmp_path):
+    from lightning.pytorch.loggers import WandbLogger
+
+    unset, chosen = (
+        WandbLogger(save_dir=str(tmp_path), offline=True),
+        WandbLogger(save_dir=str(tmp_path), anonymous=True),
+    )
+    assert unset._wandb_init["anonymous"] is None  # what makes W&B warn; Lightning changed if this fails
+    internals.drop_unset_wandb_anonymous(unset)
+    internals.drop_unset_wandb_anonymous(chosen)
+    assert "anonymous" not in unset._wandb_init and chosen._wandb_init["anonymous"] == "allow"

@@ -7,11 +7,13 @@ import os
 from typing import Any
 
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightning_scale._lightning_internals import drop_unset_wandb_anonymous
 from lightning_scale.callbacks import (
     CostTracker,
     HangWatchdog,
@@ -20,6 +22,7 @@ from lightning_scale.callbacks import (
     StragglerDetector,
 )
 from lightning_scale.cli.consolidate import CONSOLIDATE_HELP
+from lightning_scale.cli.progress_bar import ScaleProgressBar
 from lightning_scale.errors import UsageError
 
 __all__ = ["DEFAULT_CALLBACKS", "ScaleCLI"]
@@ -78,11 +81,15 @@ class ScaleCLI(LightningCLI):
             )
 
     def instantiate_classes(self) -> None:
-        """Build the classes; a bad argument refused by a lightning-scale class is a usage error, not a traceback."""
+        """Build the classes; a bad argument refused by a lightning-scale class is a usage error, not a traceback. W&B
+        is not told the ``anonymous`` setting it would warn about when the user did not set it."""
         try:
             super().instantiate_classes()
         except UsageError as error:
             self._error(str(error))
+        for logger in self.trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                drop_unset_wandb_anonymous(logger)
 
     def _error(self, message: str) -> None:
         self._parser(self.subcommand).error(message)
@@ -93,7 +100,7 @@ class ScaleCLI(LightningCLI):
         # a default switched off is None; one the user also added in --trainer.callbacks gives way to theirs
         callbacks = [c for c in callbacks if c is not None and not any(isinstance(g, type(c)) for g in given)]
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
-            callbacks.append(RichProgressBar())  # with the cost so far (CostTracker's progress_bar)
+            callbacks.append(ScaleProgressBar())  # with the cost so far (CostTracker's progress_bar)
         return super()._instantiate_trainer(config, callbacks)
 
 
