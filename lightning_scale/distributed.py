@@ -26,6 +26,7 @@ __all__ = [
     "DistributedNotInitializedError",
     "RankFailedError",
     "all_gather_object",
+    "all_gather_stacked",
     "all_ranks",
     "all_reduce_mean_",
     "all_reduce_sum_",
@@ -157,6 +158,15 @@ def all_gather_object(obj: T, group: Any = None) -> list[T]:
     return gathered
 
 
+def all_gather_stacked(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Every rank's ``tensor`` (the same shape on each), stacked in rank order along a new first dimension."""
+    if not _group_ready() or dist.get_world_size(group) == 1:
+        return tensor.unsqueeze(0)
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, tensor.contiguous(), group=group)
+    return torch.stack(gathered)
+
+
 def gather_object(obj: T, dst: int = 0) -> list[T] | None:
     """Every rank's ``obj``, indexed by rank, on rank ``dst``; ``None`` on the other ranks."""
     if not _group_ready() or dist.get_world_size() == 1:
@@ -280,7 +290,9 @@ def all_gather_start(output: torch.Tensor, input: torch.Tensor, group: Any = Non
         output.copy_(input)
         return None
     if dist.get_backend(group) != "gloo":
-        return dist.all_gather_into_tensor(output, input, group=group, async_op=True)
+        # torch 2.13 renamed all_gather_into_tensor (deprecated there) all_gather_single
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return gather(output, input, group=group, async_op=True)
     return _ring().submit(_ring_all_gather, output, input, group)
 
 

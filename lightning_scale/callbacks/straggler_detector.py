@@ -144,7 +144,7 @@ class StragglerDetector(Callback):
             return
         wall = self._clock() - self._window_start
         window = torch.tensor([wall - self._waited, wall], dtype=torch.float64, device=pl_module.device)
-        gathered = trainer.strategy.all_gather(window).reshape(-1, 2).cpu()
+        gathered = distributed.all_gather_stacked(window).cpu()  # Lightning's all_gather warns of torch's deprecation
         self._window_start = None
         wall_seconds = float(gathered[:, 1].max())
         tracker = next((cb for cb in trainer_callbacks(trainer) if isinstance(cb, CostTracker)), None)
