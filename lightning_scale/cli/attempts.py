@@ -24,9 +24,9 @@ def launch_id() -> str | None:
     """What names this launch on this node, the same in each of its processes: torchrun's run id and agent process
     (the workers' parent, or their warm-restart parent's) with the attempt, or under Lightning's own launcher the
     process of local rank 0, which starts the others; ``None`` for a process alone (no ``LOCAL_RANK``)."""
-    run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if run_id is not None and restart is not None:
-        return f"{run_id}-{os.environ.get(LAUNCHER_PID_VARIABLE, str(os.getppid()))}-{restart}"
+    job = _torchrun_job()
+    if job is not None:
+        return f"{job}-{os.environ['TORCHELASTIC_RESTART_COUNT']}"
     local_rank = os.environ.get("LOCAL_RANK")
     if local_rank is None:
         return None
@@ -68,8 +68,14 @@ def end_a_later_attempt(earlier: str) -> NoReturn:
 def _attempt_marker() -> Path | None:
     """Where a torchrun job's attempts leave a usage error for the next one on this node: named by the run id and
     the torchrun agent's process, so a new torchrun command never reads an old one."""
+    job = _torchrun_job()
+    return None if job is None else Path(tempfile.gettempdir()) / f"lightning-scale-usage-error-{job}.txt"
+
+
+def _torchrun_job() -> str | None:
+    """``RUN_ID-AGENT_PID`` of the torchrun job this worker belongs to (the agent: the workers' parent, or their
+    warm-restart parent's), the same in every attempt; ``None`` outside torchrun."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None or os.environ.get("TORCHELASTIC_RESTART_COUNT") is None:
         return None
-    agent = os.environ.get(LAUNCHER_PID_VARIABLE, str(os.getppid()))
-    return Path(tempfile.gettempdir()) / f"lightning-scale-usage-error-{run_id}-{agent}.txt"
+    return f"{run_id}-{os.environ.get(LAUNCHER_PID_VARIABLE, str(os.getppid()))}"
