@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev]' > $(VENV)/pip.log 2>&1 \
+	$(BIN)/pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev,docs]' > $(VENV)/pip.log 2>&1 \
 		|| { cat $(VENV)/pip.log; echo "pip install failed (log: $(VENV)/pip.log)"; exit 1; }
 	$(BIN)/python -c "import lightning_scale, torch, lightning, torchdata, s3fs, moto" 
 	touch $(STAMP)
