@@ -4,7 +4,8 @@ The job is ``lightning-scale fit --config examples/configs/demo.yaml`` under ``t
 checkpoint at step ``--preempt-after`` is durable, the demo sends SIGTERM to rank 1, as a spot reclaim does:
 ``SpotPreemption`` stops both ranks at the same step, ``ResumableCheckpoint`` saves it, the workers exit 143, torchrun
 restarts them, and the restarted job prints its resume banner and carries on from that step. The same job run
-without interruption must end with bitwise identical weights; the cost summary and the W&B run come last.
+without interruption must end with bitwise identical weights; the cost summary, the W&B run and the run report
+(`lightning-scale report`: an HTML file of where the money and the time went) come last.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
+from lightning_scale.report import write_report
 from lightning_scale.testing import launch_command, launch_environment
 from lightning_scale.testing.processes import descendants, kill_process_tree
 
@@ -128,6 +130,8 @@ def main() -> None:
     print(costs[-1] if costs else "No cost summary.")
     print(f"Final weights {'bitwise IDENTICAL to' if identical else 'DIFFERENT from'} the uninterrupted run.")
     print(f"W&B offline run: {runs[-1] if runs else 'none'} (upload with `wandb sync {runs[-1] if runs else ''}`)")
+    report = write_report(workdir / "job", workdir / "job" / "report.html")
+    print(f"Run report: {workdir / 'job' / 'report.html'} ({len(report.attempts)} attempts; open it in a browser)")
     if not (identical and banner and costs and runs):
         raise SystemExit(1)
 

@@ -35,6 +35,8 @@ from pathlib import Path
 
 from lightning_scale import knobs
 from lightning_scale.testing.processes import kill_processes
+from tests.debian import SYSTEM_PATH, apt_get_install
+from tests.debian import command as find_command
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -45,7 +47,6 @@ MARKER = "LIGHTNING_SCALE_SLURM_SCRATCH"  # in the environment of every process 
 TERMINAL_STATES = frozenset(
     {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
 )
-_SYSTEM_PATH = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")  # the daemons live in sbin, which a user's PATH may lack
 # Input variables of the client commands (SBATCH_TIMELIMIT overrides a script's #SBATCH line, SQUEUE_FORMAT the
 # output) and a job's own variables (SLURM_JOB_ID would tell Lightning that it runs in a job): none may leak in.
 _SLURM_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_", "SINFO_", "SCONTROL_", "SCANCEL_")
@@ -60,9 +61,9 @@ def unusable_reason() -> str | None:
         return f"the test cluster runs its daemons as root (SlurmUser=root); this process runs as uid {os.geteuid()}"
     if not _missing_commands():
         return None
-    if _command("apt-get") is None:
+    if find_command("apt-get") is None:
         return f"{', '.join(_missing_commands())} not installed, and no apt-get to install {' '.join(PACKAGES)}"
-    problem = _apt_get_install()
+    problem = apt_get_install(PACKAGES)
     missing = _missing_commands()
     if missing:
         return f"{', '.join(missing)} still missing after `apt-get install {' '.join(PACKAGES)}`: {problem}"
@@ -70,37 +71,8 @@ def unusable_reason() -> str | None:
     return None
 
 
-def _command(name: str) -> str | None:
-    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SYSTEM_PATH]))
-
-
 def _missing_commands() -> list[str]:
-    return [name for name in COMMANDS if _command(name) is None]
-
-
-def _apt_get_install() -> str:
-    """Install :data:`PACKAGES`, once more after ``apt-get update`` if the package lists were stale; apt-get's last
-    output lines when it failed both times (nothing when it succeeded)."""
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    # another apt-get (a second test run installing too) holds dpkg's lock for a few seconds: wait for it
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "-o", "DPkg::Lock::Timeout=120", *PACKAGES]
-    output = ""
-    for update_first in (False, True):
-        if update_first:
-            _run_quietly(["apt-get", "update"], env)
-        installed, output = _run_quietly(install, env)
-        if installed:
-            return ""
-    return " / ".join(output.splitlines()[-3:])
-
-
-def _run_quietly(command: list[str], env: dict[str, str], timeout_s: float = 150.0) -> tuple[bool, str]:
-    """Whether ``command`` succeeded, and its output."""
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return False, f"`{' '.join(command)}` took over {timeout_s:.0f} s"
-    return done.returncode == 0, (done.stdout + done.stderr).strip()
+    return [name for name in COMMANDS if find_command(name) is None]
 
 
 def parse_job_line(line: str) -> dict[str, str]:
@@ -190,7 +162,7 @@ class SlurmCluster:
     def run(self, *command: str, timeout_s: float = 30.0, check: bool = True) -> subprocess.CompletedProcess:
         """Run a client command (``scontrol``, ``sinfo``...) against this cluster; with ``check``, a non-zero exit
         raises ``RuntimeError`` with its error output."""
-        executable = _command(command[0]) or command[0]
+        executable = find_command(command[0]) or command[0]
         done = subprocess.run([executable, *command[1:]], env=self.env, capture_output=True, text=True,
                               timeout=timeout_s)  # fmt: skip
         if check and done.returncode != 0:
@@ -205,7 +177,7 @@ class SlurmCluster:
         ``extra``."""
         return {
             **self.env,
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), self.env.get("PATH", ""), *_SYSTEM_PATH]),
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), self.env.get("PATH", ""), *SYSTEM_PATH]),
             "PYTHONPATH": str(ROOT),
             "OMP_NUM_THREADS": "1",
             "MASTER_ADDR": "127.0.0.1",
@@ -219,7 +191,7 @@ class SlurmCluster:
                env: Mapping[str, str] | None = None) -> str:  # fmt: skip
         """``sbatch --parsable OPTIONS SCRIPT ARGS`` from ``cwd`` (the job's working directory) with ``env`` (default:
         :meth:`job_env`); the job id. Options on the command line override the script's ``#SBATCH`` lines."""
-        command = [_command("sbatch") or "sbatch", "--parsable", *options, str(script), *args]
+        command = [find_command("sbatch") or "sbatch", "--parsable", *options, str(script), *args]
         done = subprocess.run(command, env=dict(env or self.job_env()), cwd=cwd, capture_output=True, text=True,
                               timeout=30)  # fmt: skip
         if done.returncode != 0:
@@ -341,10 +313,10 @@ def _start(scratch: Path, env: dict[str, str], daemons: list[_Daemon], timeout_s
     for folder in (munge, scratch / "state", scratch / "spool"):
         folder.mkdir(mode=0o755)
     key, munge_socket = munge / "munge.key", munge / "munge.socket"
-    subprocess.run([_command("mungekey") or "mungekey", "--create", f"--keyfile={key}"], check=True, timeout=30)
+    subprocess.run([find_command("mungekey") or "mungekey", "--create", f"--keyfile={key}"], check=True, timeout=30)
     # In the foreground munged logs to stderr (its --log-file serves a daemonized munged only). Running as root
     # needs no --force: that only overrides an existing socket, missing entropy and insecure permissions.
-    munged = [_command("munged") or "munged", "--foreground", f"--key-file={key}", f"--socket={munge_socket}"]
+    munged = [find_command("munged") or "munged", "--foreground", f"--key-file={key}", f"--socket={munge_socket}"]
     munged += [f"--pid-file={munge}/munged.pid", f"--seed-file={munge}/munged.seed"]
     daemons.append(_spawn("munged", munged, scratch, env))
     _wait_until(munge_socket.exists, timeout_s, daemons, "munged's socket to appear")
@@ -354,8 +326,10 @@ def _start(scratch: Path, env: dict[str, str], daemons: list[_Daemon], timeout_s
     controller_port, node_port = free_ports(2)
     cluster.conf.write_text(slurm_conf(scratch, node, cluster.cpus, munge_socket, (controller_port, node_port)))
     conf = str(cluster.conf)
-    daemons.append(_spawn("slurmctld", [_command("slurmctld") or "slurmctld", "-D", "-i", "-f", conf], scratch, env))
-    daemons.append(_spawn("slurmd", [_command("slurmd") or "slurmd", "-D", "-f", conf, "-N", node], scratch, env))
+    daemons.append(
+        _spawn("slurmctld", [find_command("slurmctld") or "slurmctld", "-D", "-i", "-f", conf], scratch, env)
+    )
+    daemons.append(_spawn("slurmd", [find_command("slurmd") or "slurmd", "-D", "-f", conf, "-N", node], scratch, env))
     _wait_until(cluster.node_is_idle, timeout_s, daemons, f"node {node} to be idle in sinfo")
     return cluster
 
@@ -386,9 +360,11 @@ def _stop(scratch: Path, env: dict[str, str], daemons: list[_Daemon]) -> list[in
     names = {daemon.name: daemon for daemon in daemons}
     if "slurmctld" in names and names["slurmctld"].process.poll() is None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):  # stopping goes on without it
-            subprocess.run([_command("scancel") or "scancel", "--user=root"], env=env, capture_output=True, timeout=30)
+            subprocess.run(
+                [find_command("scancel") or "scancel", "--user=root"], env=env, capture_output=True, timeout=30
+            )
             deadline = time.monotonic() + KILL_WAIT_S + 5
-            squeue = [_command("squeue") or "squeue", "--noheader", "--format=%i"]
+            squeue = [find_command("squeue") or "squeue", "--noheader", "--format=%i"]
             while time.monotonic() < deadline and subprocess.run(squeue, env=env, capture_output=True, text=True,
                                                                  timeout=30).stdout.strip():  # fmt: skip
                 time.sleep(0.2)
