@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from lightning_scale.health.watchdog import HANG_EXIT_CODE
+from lightning_scale.report import collect
 from lightning_scale.testing import Fault, JobConfig, read_traces, run_attempt, torchrun_failures, write_job
+from lightning_scale.testing.job import CHECKPOINTS
 
 MIN_TIMEOUT_S = 5.0  # steps of ~20 ms (times step_factor 5): the allowance between training marks is this minimum
 STARTUP_TIMEOUT_S = 12.0
@@ -84,6 +86,9 @@ def test_every_kind_of_hang_is_restarted_and_the_job_ends_bitwise_equal_while_sl
     assert log.count("Stacks follow.") >= len(HANGS)
     assert "in _hang_once" in log  # the stuck worker's and the stuck training_step's stacks
     assert "made no progress" not in log.split(f"exitcode: {HANG_EXIT_CODE}")[-1]  # the slow phases were spared
+    run = collect(job.parent / CHECKPOINTS)  # the run report's view: every hang on the timeline, then the finish
+    assert len(run.attempts) == len(HANGS) + 1 and run.status == "finished", [a.end_reason for a in run.attempts]
+    assert [a.end_reason for a in run.attempts[:-1]] == ["hang"] * len(HANGS)
 
     ref, got = read_traces(reference.parent, 2), read_traces(job.parent, 2)
     for rank in (0, 1):

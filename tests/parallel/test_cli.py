@@ -1,6 +1,6 @@
 """data_parallel's bad arguments refused at construction. The strategies through the ``lightning-scale`` command (the
 shipped example configs with flags: model_parallel with tensor parallelism and bf16-mixed, data_parallel's init args
-overridden, pipeline_parallel by registry name) train in tests/test_cli.py and tests/multiprocess/test_demo.py."""
+overridden, pipeline_parallel by registry name) train in tests/cli/test_command.py and tests/examples/test_demo.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from lightning_scale.checkpoint import CheckpointStore
 from lightning_scale.checkpoint.manifest import find_newest_valid, read_manifest
 from lightning_scale.checkpoint.sharded import load_sharded
 from lightning_scale.testing import Fault, JobConfig, ResumeReport, assert_same_tensors, run_attempt, write_job
-from tests.multiprocess.test_spot_preemption import base_config
+from tests.callbacks.test_spot_preemption_jobs import base_config
 from tests.parallel.conftest import FSDP
 from tests.s3 import s3_job_env
 

@@ -1,5 +1,5 @@
 """pipeline_parallel's refusals of bad arguments and of models it cannot split, before training, and one process
-running the whole pipeline. Through the ``lightning-scale`` command: tests/test_cli.py (the example config, by
+running the whole pipeline. Through the ``lightning-scale`` command: tests/cli/test_command.py (the example config, by
 registry name, and a refusal under torchrun)."""
 
 from __future__ import annotations

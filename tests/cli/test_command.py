@@ -24,7 +24,7 @@ from lightning_scale.testing import launch_command, launch_environment
 from tests.data.user_code import UserMLP
 from tests.wandb_records import history_values, read_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ["--model=examples.char_transformer.CharTransformer", "--model.vocab_size=64",
            "--data=examples.char_transformer.CharDataModule"]  # fmt: skip
 QUICK = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_steps=6", "--trainer.limit_val_batches=2",
@@ -189,7 +189,7 @@ def test_a_finished_run_leaves_no_process_group_behind(tmp_path):
         main(["fit", *EXAMPLE, "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=ddp",
               "--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--trainer.logger=false", "--cost=null",
               f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
-              "--trainer.callbacks+=tests.test_cli.SeesTheProcessGroup"])  # fmt: skip
+              "--trainer.callbacks+=tests.cli.test_command.SeesTheProcessGroup"])  # fmt: skip
     assert SeesTheProcessGroup.seen == [True]  # it trained in a (one-process) gloo group
     assert not torch.distributed.is_initialized()
 
@@ -281,7 +281,7 @@ class RefusedOnRankOne(UserMLP):
 @pytest.mark.timeout(300)
 def test_a_usage_error_found_on_rank_1_alone_is_reported_once(tmp_path):
     done = lightning_scale(
-        tmp_path, "fit", "--model=tests.test_cli.RefusedOnRankOne", *USER_CODE[1:], "--trainer.accelerator=cpu",
+        tmp_path, "fit", "--model=tests.cli.test_command.RefusedOnRankOne", *USER_CODE[1:], "--trainer.accelerator=cpu",
         "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_steps=2",
         f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
     )  # fmt: skip
