@@ -5,13 +5,13 @@ BIN := $(VENV)/bin
 CONSTRAINTS := requirements/constraints-cpu.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench gpu-check bytecode clean
+.PHONY: demo test lint docs bench gpu-check bytecode clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev,docs]' > $(VENV)/pip.log 2>&1 \
+	$(BIN)/pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev,docs,wandb-report]' > $(VENV)/pip.log 2>&1 \
 		|| { cat $(VENV)/pip.log; echo "pip install failed (log: $(VENV)/pip.log)"; exit 1; }
 	$(BIN)/python -c "import lightning_scale, torch, lightning, torchdata, s3fs, moto" 
 	touch $(STAMP)
@@ -32,6 +32,10 @@ lint: $(STAMP)
 test: lint bytecode
 	$(BIN)/python -m pytest
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing API name fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
@@ -43,4 +47,4 @@ gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_strategies.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site
