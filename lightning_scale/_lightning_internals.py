@@ -50,13 +50,28 @@ Lightning 2.6 offers no public hook for fifteen things lightning-scale needs; ea
 17. ``WandbLogger``'s arguments for ``wandb.init`` (``_wandb_init``): it always passes ``anonymous=None``, on which
     W&B prints "The anonymous setting has no effect" at every run; the command drops the unset value before the run
     opens.
+
+Lightning objects whose methods lightning-scale replaces on one instance (each replacement undone, or scoped), and
+what in Lightning makes the replacement take effect:
+
+18. ``Trainer.save_checkpoint`` (``HangWatchdog``: a save is not a hang): ``ModelCheckpoint`` and users save through
+    the Trainer instance's attribute;
+19. ``LightningModule.configure_model`` (``model_parallel`` on a module without one): Lightning's
+    ``ModelParallelStrategy.setup`` refuses a module that does not override it, although lightning-scale has
+    parallelised the module already; a no-op stands in while that setup runs;
+20. ``Strategy.load_checkpoint`` (``ResumableCheckpoint`` with sharded checkpoints, and single files on object
+    stores): Lightning's checkpoint connector loads the checkpoint to resume from through the strategy instance's
+    attribute, with a local path in mind; pipeline and ZeRO clipping (item 16) replace the precision plugin's
+    ``clip_grad_by_norm``, which ``Precision.clip_gradients`` calls through the instance.
 """
 
 from __future__ import annotations
 
 import shutil
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -78,6 +93,7 @@ __all__ = [
     "CHECKPOINT_FIT_LOOP_KEYS",
     "INHERITED_PRIVATE",
     "before_train_iterator",
+    "configure_model_stand_in",
     "consumed_batches_in_epoch",
     "consumed_loader_states",
     "ddp_sampler_on_one_process",
@@ -85,12 +101,14 @@ __all__ = [
     "drop_unset_wandb_anonymous",
     "dump_checkpoint",
     "is_last_batch_of_epoch",
+    "load_checkpoints_with",
     "process_dataloaders_with",
     "process_group_timeout",
     "reopen_wandb_run",
     "restore_from_when_unset",
     "restore_training_state",
     "route_norm_clipping",
+    "route_trainer_saves",
     "sampler_in_lightning_wrapper",
     "shut_down_dataloader_workers",
     "skip_sigterm_broadcast",
@@ -432,3 +450,49 @@ def route_norm_clipping(plugin: Any, clip: Callable[[Any, float], bool]) -> Call
 
     plugin.clip_grad_by_norm = clip_grad_by_norm
     return lambda: vars(plugin).pop("clip_grad_by_norm", None)
+
+
+def route_trainer_saves(trainer: pl.Trainer, around: Callable[[], ContextManager[Any]]) -> Callable[[], None]:
+    """Run every ``trainer.save_checkpoint(...)`` of this Trainer inside ``around()`` (item 18); returns the undo."""
+    had_own = "save_checkpoint" in vars(trainer)
+    original = trainer.save_checkpoint
+
+    def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        with around():
+            return original(*args, **kwargs)
+
+    trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+
+    def undo() -> None:
+        if had_own:
+            trainer.save_checkpoint = original  # type: ignore[method-assign]
+        else:
+            vars(trainer).pop("save_checkpoint", None)
+
+    return undo
+
+
+@contextmanager
+def configure_model_stand_in(module: pl.LightningModule) -> Iterator[None]:
+    """A no-op ``configure_model`` on ``module`` while the block runs (item 19)."""
+    module.configure_model = lambda: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del module.configure_model
+
+
+def load_checkpoints_with(
+    strategy: Any, load: Callable[[Callable[..., dict[str, Any]], str, bool | None], Any]
+) -> None:
+    """Make ``strategy`` load checkpoints through ``load(lightning_load, path, weights_only)``, where
+    ``lightning_load(path, weights_only)`` is the strategy class's own loader (item 20). Idempotent."""
+    if getattr(strategy.load_checkpoint, "_lightning_scale_load", False):
+        return
+    lightning_load = type(strategy).load_checkpoint
+
+    def load_checkpoint(checkpoint_path: str | Path, weights_only: bool | None = None) -> Any:
+        return load(lambda path, only: lightning_load(strategy, path, only), str(checkpoint_path), weights_only)
+
+    load_checkpoint._lightning_scale_load = True  # type: ignore[attr-defined]
+    strategy.load_checkpoint = load_checkpoint

@@ -341,3 +341,53 @@ def test_an_unset_anonymous_is_left_out_of_the_wandb_run_s_arguments_and_a_set_o
     internals.drop_unset_wandb_anonymous(unset)
     internals.drop_unset_wandb_anonymous(chosen)
     assert "anonymous" not in unset._wandb_init and chosen._wandb_init["anonymous"] == "allow"
+
+
+def test_every_save_through_the_trainer_runs_inside_the_routing_and_the_undo_restores_lightnings(
+    tmp_path, tiny_trainer_kwargs
+):
+    import contextlib
+
+    saves: list[int] = []
+
+    @contextlib.contextmanager
+    def around():
+        saves.append(1)
+        yield
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    trainer = Trainer(**tiny_trainer_kwargs, max_steps=4, callbacks=[checkpoint])
+    undo = internals.route_trainer_saves(trainer, around)
+    trainer.fit(CharTransformer(), datamodule=CharDataModule(batch_size=8))
+    assert len(saves) == 2 == len(list((tmp_path / "ckpt").glob("*.ckpt")))  # ModelCheckpoint saves through it
+    undo()
+    assert "save_checkpoint" not in vars(trainer)
+
+
+def test_lightnings_model_parallel_setup_still_asks_for_configure_model_which_the_stand_in_provides():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    assert 'is_overridden("configure_model"' in inspect.getsource(ModelParallelStrategy.setup)
+    module = CharTransformer()
+    assert not is_overridden("configure_model", module)
+    with internals.configure_model_stand_in(module):
+        assert is_overridden("configure_model", module)
+    assert not is_overridden("configure_model", module) and "configure_model" not in vars(module)
+
+
+def test_a_resumed_fit_loads_its_checkpoint_through_the_strategys_loader(tmp_path, tiny_trainer_kwargs):
+    first = Trainer(**tiny_trainer_kwargs, max_steps=2)
+    first.fit(CharTransformer(), datamodule=CharDataModule(batch_size=8))
+    first.save_checkpoint(tmp_path / "two.ckpt")
+    loaded: list[str] = []
+
+    def load(lightning_load, path, weights_only):
+        loaded.append(path)
+        return lightning_load(path, weights_only)
+
+    trainer = Trainer(**tiny_trainer_kwargs, max_steps=3)
+    internals.load_checkpoints_with(trainer.strategy, load)
+    internals.load_checkpoints_with(trainer.strategy, load)  # idempotent
+    trainer.fit(CharTransformer(), datamodule=CharDataModule(batch_size=8), ckpt_path=tmp_path / "two.ckpt")
+    assert loaded == [str(tmp_path / "two.ckpt")] and trainer.global_step == 3

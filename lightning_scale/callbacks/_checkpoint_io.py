@@ -15,6 +15,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_scale._lightning_internals import load_checkpoints_with
 from lightning_scale.checkpoint.sharded import is_sharded_checkpoint, load_into_sharded_model, load_sharded
 from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.errors import ConfigurationError
@@ -94,23 +95,19 @@ def load_from_any_storage(strategy: ModelParallelStrategy) -> None:
     ``save_distributed_checkpoint=False``) on an object store is copied to a local temporary file for Lightning's
     loader, which reads the full state on every rank anyway. Idempotent.
     """
-    lightning_load = type(strategy).load_checkpoint
-    if getattr(strategy.load_checkpoint, "from_any_storage", False):
-        return
 
-    def load_checkpoint(checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
-        path = str(strategy.broadcast(str(checkpoint_path)))
+    def load(lightning_load: Callable[[str, bool | None], dict[str, Any]], path: str, weights_only: bool | None) -> Any:
+        path = str(strategy.broadcast(path))
         if is_sharded_checkpoint(path):
             module, model = strategy.lightning_module, strategy.model
             assert model is not None and module is not None
             return load_into_sharded_model(path, model, strategy.optimizers, module.strict_loading, weights_only)
         store = CheckpointStore(path)
         if store.is_local:
-            return lightning_load(strategy, path, weights_only)
+            return lightning_load(path, weights_only)
         with tempfile.TemporaryDirectory(prefix="lightning-scale-load-") as local:
             copy = os.path.join(local, "checkpoint.ckpt")
             store.fs.get(store.root, copy)
-            return lightning_load(strategy, copy, weights_only)
+            return lightning_load(copy, weights_only)
 
-    load_checkpoint.from_any_storage = True  # type: ignore[attr-defined]
-    strategy.load_checkpoint = load_checkpoint  # type: ignore[method-assign]
+    load_checkpoints_with(strategy, load)

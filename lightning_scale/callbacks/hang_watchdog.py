@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_scale import distributed
-from lightning_scale._lightning_internals import process_group_timeout
+from lightning_scale._lightning_internals import process_group_timeout, route_trainer_saves
 from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.errors import ConfigurationError
 from lightning_scale.health.watchdog import HANG_EXIT_CODE, ProgressWatchdog, StepAllowance
@@ -94,7 +94,7 @@ class HangWatchdog(Callback):
         self._last_mark: float | None = None  # when the last mark was made (None after a startup phase)
         self._measuring = False  # whether the interval since the last mark is a step's (not warm-up)
         self._trainer: pl.Trainer | None = None
-        self._unpatched_save: Callable[..., Any] | None = None
+        self._unroute_saves: Callable[[], None] | None = None  # undoes the routing of trainer.save_checkpoint
         self._collective_timeout_s: float | None = None  # None: no process group
         self._beacon: Beacon | None = None  # the warm-restart parent's view of this rank's progress
         self._armed_s = startup_timeout_s  # the allowance of the phase armed last
@@ -129,16 +129,11 @@ class HangWatchdog(Callback):
         self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=self.exit_fn, clock=self._clock)
         self._beacon = beacon.current()
         self._trainer = trainer
-        self._unpatched_save = trainer.save_checkpoint
         has_group = distributed.has_process_group()
         self._collective_timeout_s = process_group_timeout(trainer.strategy).total_seconds() if has_group else None
-
-        def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
-            with self.paused("saving a checkpoint (trainer.save_checkpoint)"):
-                assert self._unpatched_save is not None
-                return self._unpatched_save(*args, **kwargs)
-
-        trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+        self._unroute_saves = route_trainer_saves(
+            trainer, lambda: self.paused("saving a checkpoint (trainer.save_checkpoint)")
+        )
         self._startup("set-up, before the first training batch")
 
     @override
@@ -272,6 +267,6 @@ class HangWatchdog(Callback):
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None
-        if self._trainer is not None and self._unpatched_save is not None:
-            self._trainer.save_checkpoint = self._unpatched_save  # type: ignore[method-assign]
-        self._trainer, self._unpatched_save = None, None
+        if self._unroute_saves is not None:
+            self._unroute_saves()
+        self._trainer, self._unroute_saves = None, None

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_scale import distributed
+from lightning_scale._lightning_internals import configure_model_stand_in
 from lightning_scale.errors import ConfigurationError
 from lightning_scale.parallel.model import (
     apply_fsdp,
@@ -112,11 +113,8 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
             return
         if not is_parallelized(module):  # fit, then test on the same Trainer: shard once
             self._parallelize(module)
-        module.configure_model = lambda: None  # type: ignore[method-assign]  # Lightning's setup insists on one
-        try:
+        with configure_model_stand_in(module):  # Lightning's setup insists on one
             super().setup(trainer)
-        finally:
-            del module.configure_model
 
     def _parallelize(self, module: pl.LightningModule) -> None:
         units = sharding_units(module, self.min_params_to_shard)

@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_scale import distributed
-from lightning_scale._lightning_internals import trainer_logs_this_step
+from lightning_scale._lightning_internals import is_last_batch_of_epoch, route_norm_clipping, trainer_logs_this_step
 from lightning_scale._trainer_attributes import trainer_callbacks, trainer_fast_dev_run
 from lightning_scale.errors import ConfigurationError
 from lightning_scale.parallel.pipeline.batch import inputs_and_target, inputs_of, loss_fn_of
@@ -125,6 +125,7 @@ class PipelineParallelStrategy(DDPStrategy):
         self._spec = spec
         self._mesh: Any = None
         self._runner: PipelineRunner | None = None
+        self._unroute_clipping: Callable[[], None] = lambda: None
         self._stash = GradientStash()
 
     # ----------------------------------------------------------------------------------------------- layout
@@ -174,7 +175,7 @@ class PipelineParallelStrategy(DDPStrategy):
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
         # Lightning clips through the precision plugin with each rank's own norm; the norm must span all stages
-        self.precision_plugin.clip_grad_by_norm = self._clip_grad_by_norm  # type: ignore[method-assign]
+        self._unroute_clipping = route_norm_clipping(self.precision_plugin, self._clip_grad_by_norm)
 
     @override
     @contextmanager
@@ -183,10 +184,11 @@ class PipelineParallelStrategy(DDPStrategy):
         with torch.device("meta") if empty_init else nullcontext(), self.precision_plugin.tensor_init_context():
             yield
 
-    def _clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
+    def _clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> bool:
         group = self._mesh.get_group("pp")
         parameters = self.precision_plugin.main_params(optimizer)
         clip_grad_norm_across_(parameters, clip_val, lambda t: distributed.all_reduce_sum_(t, group=group))
+        return True
 
     def _split(self, pl_module: pl.LightningModule) -> None:
         stack, frozen_outside = checked_stack(pl_module, self.module)
@@ -271,6 +273,7 @@ class PipelineParallelStrategy(DDPStrategy):
     def teardown(self) -> None:
         if self._runner is not None:
             self._runner.close()  # waits a while until the other ranks took the last loss sent
+        self._unroute_clipping()
         super().teardown()
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -300,7 +303,7 @@ def train_loss_read_this_step(trainer: pl.Trainer) -> bool:
     if trainer_fast_dev_run(trainer) or trainer_logs_this_step(trainer) or _monitored(trainer):
         return True
     epoch_loop = trainer.fit_loop.epoch_loop
-    if epoch_loop.batch_progress.is_last_batch or 0 <= trainer.max_steps <= trainer.global_step + 1:
+    if is_last_batch_of_epoch(trainer) or 0 <= trainer.max_steps <= trainer.global_step + 1:
         return True  # read at epoch end (callbacks, the progress bar) and after fit
     bar = trainer.progress_bar_callback
     if bar is None or not getattr(bar, "is_enabled", True):
