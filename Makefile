@@ -37,14 +37,14 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run.py
+	$(BIN)/python -m benchmarks.run
 
 # What one lent GPU can show (skipped, with the reason, without CUDA): a memory snapshot/restore cycle on CUDA, with
 # dropout under deterministic algorithms, checked bitwise; each strategy at world size 1 on NCCL, an async save's
 # device-to-host staging and the CUDA allocator's peaks.
 gpu-check: $(STAMP)
-	$(BIN)/python benchmarks/gpu_snapshot.py
-	$(BIN)/python benchmarks/gpu_strategies.py
+	$(BIN)/python -m benchmarks.gpu_snapshot
+	$(BIN)/python -m benchmarks.gpu_strategies
 
 clean:
 	rm -rf $(VENV) runs site

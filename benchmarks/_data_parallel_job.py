@@ -1,6 +1,6 @@
 """One 2-process data-parallel benchmark job (run under torchrun by benchmarks/data_parallel_step.py).
 
-python benchmarks/_data_parallel_job.py --variants V[,V...] --rounds R --steps S [--d-model D] [--n-layers L]
+python -m benchmarks._data_parallel_job --variants V[,V...] --rounds R --steps S [--d-model D] [--n-layers L]
     [--memory] --out OUT
 V: raw (a torch DDP loop), ddp (Lightning's), data_parallel, zero1, zero2, fp16, powersgd, fsdp (lightning-scale's);
 peers: torch_zero (torch's ZeroRedundancyOptimizer under Lightning's ddp), lightning_model_parallel (Lightning's
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,12 +27,9 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import rotated
-from _peak_memory import PeakMemory
-from _step_times import StepEnds, median_step
-
+from benchmarks._common import rotated
+from benchmarks._peak_memory import PeakMemory
+from benchmarks._step_times import StepEnds, median_step
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
 from lightning_scale.parallel.data import training_state_bytes

@@ -24,10 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _goodput_analysis import steps_reached
-
+from benchmarks._goodput_analysis import steps_reached
 from lightning_scale.testing import kill_process_tree
 from lightning_scale.testing.processes import descendants
 

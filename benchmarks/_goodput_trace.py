@@ -23,7 +23,7 @@ import signal
 import time
 from typing import Any
 
-from _goodput_cluster import Cluster
+from benchmarks._goodput_cluster import Cluster
 
 KINDS = ("SIGKILL", "SIGTERM", "SIGSTOP", "node")
 MIN_ALLOWANCE_S = 5.0  # a frozen or notified process is SIGKILLed this long after its fault at the soonest

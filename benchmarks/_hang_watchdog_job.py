@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -22,11 +21,8 @@ PROCESS_STARTED = time.time()
 
 import lightning.pytorch as pl  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import rotated  # noqa: E402
-from _step_times import StepEnds  # noqa: E402
-
+from benchmarks._common import rotated  # noqa: E402
+from benchmarks._step_times import StepEnds  # noqa: E402
 from examples.char_transformer import CharDataModule, CharTransformer  # noqa: E402
 from lightning_scale import distributed  # noqa: E402
 from lightning_scale.callbacks import HangWatchdog, ResumableCheckpoint, StragglerDetector  # noqa: E402

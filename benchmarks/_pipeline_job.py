@@ -1,16 +1,16 @@
 """One pipeline benchmark job (run by benchmarks/pipeline_throughput.py): median seconds per training step.
 
-python benchmarks/_pipeline_job.py single WIDTH STEPS ROUNDS OUT.json
+python -m benchmarks._pipeline_job single WIDTH STEPS ROUNDS OUT.json
     one process: each round trains STEPS steps with a raw loop on 1 thread, on 2 threads, and with a stock Lightning
     Trainer on 1 thread (its training_step logs the loss, as pipeline_parallel does): Lightning's own cost per step
-torchrun --nproc-per-node=2 benchmarks/_pipeline_job.py pipeline WIDTH MICROBATCHES STEPS ROUNDS OUT.json
+torchrun --nproc-per-node=2 -m benchmarks._pipeline_job pipeline WIDTH MICROBATCHES STEPS ROUNDS OUT.json
     each round trains STEPS steps with a raw torch.distributed.pipelining loop and STEPS with pipeline_parallel, in
     the same processes, the order swapped every round: a pair measured seconds apart, which the drift of a shared
     machine cannot tell apart (separate launches for each variant drifted by 10-30 % here)
 
-python benchmarks/_pipeline_job.py memory WIDTH OUT.json
+python -m benchmarks._pipeline_job memory WIDTH OUT.json
     one process, a stock Lightning Trainer on the whole model: its peak memory in a step (``_peak_memory.py``)
-torchrun --nproc-per-node=2 benchmarks/_pipeline_job.py memory WIDTH MICROBATCHES OUT.json
+torchrun --nproc-per-node=2 -m benchmarks._pipeline_job memory WIDTH MICROBATCHES OUT.json
     pipeline_parallel: each stage's peak memory in a step
 
 Writes the median step of each round per variant: ``{"variant": [seconds, ...]}`` (rank 0's); for ``memory``, each
@@ -32,12 +32,9 @@ from torch import nn
 from torch.distributed import pipelining
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import rotated
-from _peak_memory import PeakMemory
-from _step_times import StepEnds, median_step
-
+from benchmarks._common import rotated
+from benchmarks._peak_memory import PeakMemory
+from benchmarks._step_times import StepEnds, median_step
 from lightning_scale import distributed
 from lightning_scale.strategies import PipelineParallelStrategy
 

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import CSVLogger
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import rotated
-from _step_times import StepEnds
-
+from benchmarks._common import rotated
+from benchmarks._step_times import StepEnds
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption

@@ -1,6 +1,6 @@
 """One process of ``resume_time.py``: train with ``ResumableCheckpoint`` and note when the first step starts.
 
-python benchmarks/_resume_job.py DIRPATH STATE_MB MAX_STEPS OUT_JSON
+python -m benchmarks._resume_job DIRPATH STATE_MB MAX_STEPS OUT_JSON
 """
 
 from __future__ import annotations
@@ -13,11 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from checkpoint_async import Heavy
-
+from benchmarks.checkpoint_async import Heavy
 from lightning_scale.callbacks import ResumableCheckpoint
 
 

@@ -1,7 +1,7 @@
 """One 2-process job of benchmarks/sharded_checkpoint.py (run under torchrun, gloo, CPU): sharded checkpoints of one
 Trainer, several ``ResumableCheckpoint`` variants saved at the same steps in alternating order.
 
-python benchmarks/_sharded_checkpoint_job.py --part model_parallel|zero1 --width W --layers L --rounds R --out OUT.json
+python -m benchmarks._sharded_checkpoint_job --part model_parallel|zero1 --width W --layers L --rounds R --out OUT.json
     --dir LABEL=DIRPATH [--dir ...]
 
 ``model_parallel``: FSDP2 over a stack of ``L`` Linear(W, W) layers; per directory a synchronous and an
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,8 +28,6 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lightning_scale import distributed
 from lightning_scale.callbacks import ResumableCheckpoint

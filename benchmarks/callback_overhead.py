@@ -14,7 +14,7 @@ where the stock step is under 20 ms, <= 1.01 from 20 ms up. Then a profiled fit 
 callback (hook time per step; under 2 processes a vote also waits there for the slower rank). Writes
 ``benchmarks/results/callback_overhead.json``.
 
-    .venv/bin/python benchmarks/callback_overhead.py [--quick]
+    .venv/bin/python -m benchmarks.callback_overhead [--quick]
 """
 
 from __future__ import annotations
@@ -23,18 +23,23 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, meets, paired_ratios, spread
-
+from benchmarks._common import machine_info, meets, paired_ratios, spread
+from benchmarks._summary import (
+    Row,
+    bound_text,
+    md_ms,
+    md_ratio,
+    md_table,
+    span_of,
+    summary_row,
+)
 from lightning_scale.testing import launch_command, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = Path(__file__).resolve().parent / "_callback_job.py"
+JOB = "benchmarks._callback_job"
 RESULTS = Path(__file__).resolve().parent / "results"
 LONG_STEP_S = 0.020  # from here on the target is the tighter one
 TARGETS = {"short": 1.02, "long": 1.01}
@@ -43,7 +48,7 @@ TARGETS = {"short": 1.02, "long": 1.01}
 def run(processes: int, rounds: int, steps: int, d_model: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="callback-bench-") as workdir:
         out = Path(workdir) / "out.json"
-        job = [str(JOB), f"--rounds={rounds}", f"--steps={steps}", f"--d-model={d_model}", f"--workdir={workdir}",
+        job = ["-m", JOB, f"--rounds={rounds}", f"--steps={steps}", f"--d-model={d_model}", f"--workdir={workdir}",
                f"--out={out}"]  # fmt: skip
         done = subprocess.run(launch_command(job, processes), env=launch_environment([ROOT]), capture_output=True,
                               text=True, timeout=1800)  # fmt: skip
@@ -91,6 +96,34 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    rows = []
+    for entry in result["rows"]:
+        ratio, stock_ms = entry["ours_over_stock"], entry["step_s"]["stock"]["median"] * 1e3
+        top = ", ".join(f"{name} {ms:.2f}" for name, ms in list(entry["breakdown_ms"].items())[:3])
+        measure = (
+            f"step time, every lightning-scale callback of the command / stock ModelCheckpoint + EarlyStopping, "
+            f"{entry['processes']} "
+            f"process(es), {stock_ms:.1f} ms step (hook ms/step: {top})"
+        )
+        rows.append(summary_row("callback_overhead", measure, ratio["median"], span_of(ratio), "x",
+                        bound_text(ratio, entry["target"]), entry["holds"]))  # fmt: skip
+    return rows
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    rows = []
+    for entry in result["rows"]:
+        breakdown = ", ".join(f"{name} {ms:.3f}" for name, ms in entry["breakdown_ms"].items())
+        rows.append([str(entry["processes"]), str(entry["d_model"]), md_ms(entry["step_s"]["stock"]),
+                     md_ms(entry["step_s"]["ours"]), md_ratio(entry["ours_over_stock"]), breakdown])  # fmt: skip
+    header = ["processes", "d_model", "stock ms per step", "ours ms per step", "ours / stock, paired",
+              "hook ms per step, by callback (profiled fit)"]  # fmt: skip
+    return f"{result['config']['rounds']} rounds of {result['config']['steps']} steps:\n\n" + md_table(header, rows)
 
 
 if __name__ == "__main__":

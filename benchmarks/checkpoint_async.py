@@ -10,7 +10,7 @@ includes the background writer's competition for CPU, memory bandwidth and the G
 checkpoint was durable. Target: async blocked <= 0.1x sync, by the upper quartile of the per-round ratios (see
 ``_common.py``). Writes ``benchmarks/results/checkpoint_async.json``.
 
-    .venv/bin/python benchmarks/checkpoint_async.py [--quick]
+    .venv/bin/python -m benchmarks.checkpoint_async [--quick]
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,11 +27,15 @@ import torch
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, meets, paired_ratios, rotated, spread
-
+from benchmarks._common import machine_info, meets, paired_ratios, rotated, spread
+from benchmarks._summary import (
+    Row,
+    bound_text,
+    md_ms,
+    md_table,
+    span_of,
+    summary_row,
+)
 from lightning_scale.callbacks import ResumableCheckpoint
 
 VARIANTS = ("none", "sync", "async")
@@ -179,6 +182,32 @@ def main() -> None:
     }
     out.write_text(json.dumps({"machine": machine_info(), "config": config, "table": table, "runs": runs}, indent=1))
     print(f"wrote {out}")
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    rows = []
+    for size, entry in result["table"].items():
+        ratio = entry["async_over_sync_blocked"]
+        rows.append(summary_row("checkpoint_async", f"blocked time per save, async / sync, {size} MB", ratio["median"],
+                        span_of(ratio), "x", bound_text(ratio, 0.1), entry["holds"]))  # fmt: skip
+        lost = {variant: entry[variant]["lost_s"]["median"] for variant in ("sync", "async")}
+        rows.append(summary_row("checkpoint_async", f"fit time lost per save against no checkpoint, {size} MB, async "
+                        f"(sync: {lost['sync']:.3g} s)", lost["async"], None, "s"))  # fmt: skip
+    return rows
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    rows = []
+    for size, entry in result["table"].items():
+        sync, mine = entry["sync"], entry["async"]
+        rows.append([f"{size} MB", md_ms(sync["blocked_s"]), md_ms(mine["blocked_s"]),
+                     f"{sync['durable_s']['median']:.2f} / {mine['durable_s']['median']:.2f}",
+                     f"{sync['lost_s']['median'] * 1e3:.0f} / {mine['lost_s']['median'] * 1e3:.0f}"])  # fmt: skip
+    header = ["state", "sync: ms blocked per save", "async: ms blocked per save", "s until durable (sync / async)",
+              "ms of fit lost per save (sync / async)"]  # fmt: skip
+    return md_table(header, rows)
 
 
 if __name__ == "__main__":

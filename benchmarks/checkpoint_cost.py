@@ -5,7 +5,7 @@ the same process, their order rotated every round (see ``_common.py``); the tabl
 per training step and of the time training is blocked per checkpoint save, and the ratio ours/stock of each round's
 blocked time, paired. Writes ``benchmarks/results/checkpoint_cost.json``.
 
-    .venv/bin/python benchmarks/checkpoint_cost.py [--quick]
+    .venv/bin/python -m benchmarks.checkpoint_cost [--quick]
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,11 +22,14 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, paired_ratios, rotated, spread
-
+from benchmarks._common import machine_info, paired_ratios, rotated, spread
+from benchmarks._summary import (
+    Row,
+    md_ms,
+    md_table,
+    span_of,
+    summary_row,
+)
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
 
@@ -106,6 +108,22 @@ def main() -> None:
     config = {"repeats": repeats, "steps": steps, "every": every, "d_model": d_model, "quick": args.quick}
     out.write_text(json.dumps({"machine": machine, "config": config, "table": table, "ours_over_stock_save": ratio}))
     print(f"wrote {out}")
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    ratio = result["ours_over_stock_save"]
+    measure = "blocked time per save, ResumableCheckpoint / stock ModelCheckpoint (validated, atomic)"
+    return [summary_row("checkpoint_cost", measure, ratio["median"], span_of(ratio), "x")]
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    table = result["table"]
+    rows = [[variant, md_ms(entry["step_s"]), md_ms(entry["save_s"]) if variant != "none" else "-",
+             f"{entry['ckpt_mb']['median']:.1f}" if variant != "none" else "-"]
+            for variant, entry in table.items()]  # fmt: skip
+    return md_table(["variant", "ms per step (saves included)", "ms blocked per save", "MB per checkpoint"], rows)
 
 
 if __name__ == "__main__":

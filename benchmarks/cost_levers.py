@@ -6,25 +6,27 @@ fp32's of the same round, paired (see ``_common.py``). The price is the shipped 
 AWS g5.xlarge on-demand row, only to express time in dollars: the ratios are what carries over. Writes
 ``benchmarks/results/cost_levers.json``.
 
-    .venv/bin/python benchmarks/cost_levers.py [--quick]
+    .venv/bin/python -m benchmarks.cost_levers [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, paired_ratios, rotated, spread
-
+from benchmarks._common import machine_info, paired_ratios, rotated, spread
+from benchmarks._summary import (
+    Row,
+    md_s,
+    md_table,
+    span_of,
+    summary_row,
+)
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import CostTracker
 
@@ -85,6 +87,19 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    return [summary_row("cost_levers", f"cost of one epoch, {name} / fp32", ratio["median"], span_of(ratio), "x")
+            for name, ratio in result["over_fp32"].items() if name != "fp32"]  # fmt: skip
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    rows = [[name, str(int(entry["steps"]["median"])), md_s(entry["seconds"]), f"{entry['usd']['median']:.6f}"]
+            for name, entry in result["table"].items()]  # fmt: skip
+    return f"Billed as {result['config']['price']}:\n\n" + md_table(["variant", "steps", "seconds", "USD"], rows)
 
 
 if __name__ == "__main__":

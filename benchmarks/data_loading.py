@@ -14,7 +14,7 @@ epoch and the time to the first batch are recorded beside. The ratio is paired p
 throughput ours / plain); the verdict uses the lower quartile of the rounds' ratios, so a median that noise lifts
 cannot pass it. Writes ``benchmarks/results/data_loading.json``.
 
-    .venv/bin/python benchmarks/data_loading.py [--quick]
+    .venv/bin/python -m benchmarks.data_loading [--quick]
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -30,11 +29,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, meets, paired_ratios, rotated, spread
-
+from benchmarks._common import machine_info, meets, paired_ratios, rotated, spread
+from benchmarks._summary import (
+    Row,
+    md_table,
+    span_of,
+    summary_row,
+)
 from lightning_scale.data import make_resumable
 
 TARGET = 0.98  # throughput, ours / plain
@@ -131,6 +132,44 @@ def main() -> None:
         )
     result = {"machine": machine_info(), "config": {"samples": n, "rounds": rounds}, "target": TARGET, "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    rows = []
+    for entry in result["rows"]:
+        ratio = entry["ours_over_plain_throughput"]
+        workers = entry["workers"] + (" persistent" if entry.get("persistent_workers") else "")
+        label = f"data-loading throughput, resumable loader ({workers} workers) / plain DataLoader"
+        target = f"≥ {result['target']} (lower quartile {ratio['lower_quartile']:.3f})"
+        rows.append(summary_row("data_loading", label, ratio["median"], span_of(ratio), "x", target, entry["holds"]))
+        for key, what in (("plain_forkserver_over_plain", "plain DataLoader on the resumable loader's forkserver / "
+                           "plain DataLoader"), ("ours_over_plain_forkserver", "resumable loader / plain DataLoader, "
+                           "both on that forkserver")):  # fmt: skip
+            if f"{key}_throughput" in entry:
+                part = entry[f"{key}_throughput"]
+                rows.append(summary_row("data_loading", f"data-loading throughput ({workers} workers), {what}",
+                                part["median"], span_of(part), "x"))  # fmt: skip
+    return rows
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    rows = []
+    for r in result["rows"]:
+        rate, first, cpu = r["samples_per_s"], r.get("first_batch_s"), r["training_process_cpu_s_per_epoch"]
+        rows.append([
+            str(r["world_size"]), r["workers"] + (", persistent" if r.get("persistent_workers") else ""),
+            f"{rate['plain']['median']:.0f}",
+            f"{rate['plain_forkserver']['median']:.0f}" if "plain_forkserver" in rate else "-",
+            f"{rate['ours']['median']:.0f}",
+            f"{first['plain']['median'] * 1e3:.0f} / {first['ours']['median'] * 1e3:.0f}" if first else "-",
+            f"{cpu['plain']['median']:.2f} / {cpu['ours']['median']:.2f}",
+        ])  # fmt: skip
+    header = ["processes", "workers", "plain samples/s", "plain on ours' forkserver", "resumable samples/s",
+              "ms to the first batch (plain / resumable)",
+              "training process CPU s per epoch (plain / resumable)"]  # fmt: skip
+    return md_table(header, rows)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ model, and FSDP2 measured 0.70 of ``ddp``); d_model=1024: an activation is 1 MiB
 activations a step frees are not counted as held. Writes
 ``benchmarks/results/data_parallel_step.json``.
 
-    .venv/bin/python benchmarks/data_parallel_step.py [--quick]
+    .venv/bin/python -m benchmarks.data_parallel_step [--quick]
 """
 
 from __future__ import annotations
@@ -31,18 +31,24 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import MEMORY_ENV, machine_info, paired_ratios, rotated, spread
-
+from benchmarks._common import MEMORY_ENV, machine_info, paired_ratios, rotated, spread
+from benchmarks._summary import (
+    Row,
+    md_mb,
+    md_ms,
+    md_ratio,
+    md_table,
+    span_of,
+    summary_row,
+    verdict_of,
+)
 from lightning_scale.testing import launch_command, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = Path(__file__).resolve().parent / "_data_parallel_job.py"
+JOB = "benchmarks._data_parallel_job"
 RESULTS = Path(__file__).resolve().parent / "results"
 
 MEMORY_D_MODEL = 1024
@@ -58,7 +64,7 @@ def run(variants: list[str], rounds: int, steps: int, *options: str) -> dict[str
     """One torchrun launch of 2 processes that runs ``variants`` for ``rounds`` rounds; their results by name."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        job = [str(JOB), f"--variants={','.join(variants)}", f"--rounds={rounds}", f"--steps={steps}", *options,
+        job = ["-m", JOB, f"--variants={','.join(variants)}", f"--rounds={rounds}", f"--steps={steps}", *options,
                f"--out={out}"]  # fmt: skip
         env = launch_environment([ROOT], **(MEMORY_ENV if "--memory" in options else {}))
         done = subprocess.run(launch_command(job, 2), env=env, capture_output=True, text=True, timeout=1800)
@@ -158,6 +164,108 @@ def main() -> None:
     result = {"machine": machine_info(), "config": config, "table": table, "wide": wide, "memory": held}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
+
+
+def _size(memory_entry: dict) -> str:
+    """The model a memory row measured: its width, and its blocks where the row says (older results do not)."""
+    blocks = memory_entry.get("n_layers")
+    return f"d_model={memory_entry['d_model']}" + (f", {blocks} blocks" if blocks else "")
+
+
+DATA_PARALLEL_LABELS = {
+    "raw": "raw torch DDP loop", "zero1": "data_parallel zero_stage=1", "zero2": "data_parallel zero_stage=2",
+    "torch_zero": "torch ZeroRedundancyOptimizer under ddp", "fp16": "data_parallel fp16 compression",
+    "powersgd": "data_parallel PowerSGD", "fsdp": "model_parallel (FSDP2)",
+    "lightning_model_parallel": "Lightning ModelParallelStrategy, same units",
+}  # fmt: skip
+
+
+STEP_TARGETS = {"zero1": 1.15}
+
+
+PEER_TARGETS = {"zero1": 1.0, "fsdp": 1.02}
+
+
+MEMORY_TARGETS = {"zero1": 0.80, "zero2": 0.65, "fsdp": 0.55}
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    table, wide, config = result["table"], result["wide"], result["config"]
+    ratio = table["data_parallel"]["over_ddp"]
+    floor = (
+        "step time, data_parallel / ddp (2 processes; zero_stage=0 runs ddp's own code: this machine's noise floor, "
+        "no target)"
+    )
+    rows = [summary_row("data_parallel_step", floor, ratio["median"], span_of(ratio), "x")]
+    for widths, d_model in ((table, 32), (wide, config["wide_d_model"])):
+        for variant, label in DATA_PARALLEL_LABELS.items():
+            if variant not in widths:
+                continue
+            ratio, target = widths[variant]["over_ddp"], STEP_TARGETS.get(variant)
+            measure = f"step time, {label} / ddp, d_model={d_model} (2 processes)"
+            if "zero_ms_per_step" in widths[variant]:
+                parts = ", ".join(f"{name} {ms:.2f}" for name, ms in widths[variant]["zero_ms_per_step"].items())
+                step = widths["ddp"]["step_s"]["median"] * 1e3
+                measure += f" (ZeRO's own ms a step: {parts}; ddp's step {step:.1f} ms)"
+            rows.append(
+                summary_row(
+                    "data_parallel_step", measure, ratio["median"], span_of(ratio), "x", *verdict_of(ratio, target)
+                )
+            )
+            peer = widths[variant].get("over_peer")
+            if peer is not None and variant in PEER_TARGETS:
+                measure = f"step time, {label} / {DATA_PARALLEL_LABELS[peer['peer']]}, d_model={d_model}"
+                rows.append(summary_row("data_parallel_step", measure, peer["median"], span_of(peer), "x",
+                                *verdict_of(peer, PEER_TARGETS[variant])))  # fmt: skip
+    for variant, entry in result["memory"].items():
+        if variant == "ddp":
+            continue
+        ratio, target = entry["peak_over_ddp"], MEMORY_TARGETS.get(variant)
+        measure = (
+            f"peak memory per rank in a step, {DATA_PARALLEL_LABELS[variant]} / ddp, {_size(entry)} "
+            f"(held by construction: {entry['held_bytes'] / result['memory']['ddp']['held_bytes']:.2f})"
+        )
+        rows.append(
+            summary_row("data_parallel_step", measure, ratio["median"], span_of(ratio), "x", *verdict_of(ratio, target))
+        )
+    for variant, entry in result["memory"].items():
+        within = abs(entry["rest_over_held"] - 1) <= 0.10
+        rows.append(summary_row("data_parallel_step", f"resident at the end of a step / held by construction, "
+                        f"{DATA_PARALLEL_LABELS.get(variant, variant)}, {_size(entry)}",
+                        entry["rest_over_held"], None, "x", "within 10 %", within))  # fmt: skip
+    return rows
+
+
+MEMORY_HEADER = ["variant", "held by construction", "resident at the end of a step", "peak in a step",
+                 "peak / ddp, paired launches"]  # fmt: skip
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    table, wide, config = result["table"], result["wide"], result["config"]
+
+    def timing(entries: dict) -> str:
+        rows = [[f"`{variant}`", md_ms(entry["step_s"]), md_ratio(entry["over_ddp"]),
+                 md_ratio(entry["over_peer"]) + f" (`{entry['over_peer']['peer']}`)" if "over_peer" in entry else "",
+                 f"{entry['payload_bytes_per_step'] / 1e3:.0f}"] for variant, entry in entries.items()]  # fmt: skip
+        return md_table(["variant", "ms per step", "/ ddp, paired", "/ peer, paired", "kB all-reduced per step"], rows)
+
+    memory = [
+        [f"`{variant}`", md_mb(entry["held_bytes"]), md_mb(max(map(max, entry["rest_per_rank"]))),
+         md_mb(max(map(max, entry["peak_per_rank"]))), md_ratio(entry["peak_over_ddp"])]
+        for variant, entry in result["memory"].items()
+    ]  # fmt: skip
+    ddp = result["memory"]["ddp"]
+    width = f"{ddp['d_model']}" + (f", {ddp['n_layers']} blocks" if ddp.get("n_layers") else "")
+    return (
+        f"{config['rounds']} rounds of {config['steps']} steps, every variant in the same 2 processes:\n\n"
+        f"{timing(table)}\n\nAt d_model={config['wide_d_model']}, {config['wide_rounds']} rounds of "
+        f"{config['wide_steps']} steps:\n\n{timing(wide)}\n\n"
+        f"Memory per rank at d_model={width}, training state only (the most of any rank, MB; held: parameters, "
+        "gradients, optimizer state and reduction buffers; measured: less the same launch's runtime with the small "
+        "model):\n\n" + md_table(MEMORY_HEADER, memory)
+    )
 
 
 if __name__ == "__main__":

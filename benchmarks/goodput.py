@@ -33,7 +33,7 @@ apart: fits a minute apart differed by ±10 % here with no change at all), judge
 
 Prints the tables and writes ``benchmarks/results/goodput.json``.
 
-    .venv/bin/python benchmarks/goodput.py [--quick] [--keep DIR] [--interval-s S]
+    .venv/bin/python -m benchmarks.goodput [--quick] [--keep DIR] [--interval-s S]
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -53,13 +52,19 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import torch
-from _common import machine_info, meets, paired_ratios, rotated, spread
-from _goodput_analysis import fault_breakdown, goodput
-from _goodput_cluster import RENDEZVOUS_CONF, ROOT, Cluster
-from _goodput_trace import drive, trace
+
+from benchmarks._common import machine_info, meets, paired_ratios, rotated, spread
+from benchmarks._goodput_analysis import fault_breakdown, goodput
+from benchmarks._goodput_cluster import RENDEZVOUS_CONF, ROOT, Cluster
+from benchmarks._goodput_trace import drive, trace
+from benchmarks._summary import (
+    Row,
+    bound_text,
+    md_table,
+    span_of,
+    summary_row,
+)
 
 VARIANTS = ("stock", "before", "now")
 FIRST_STEP_TARGETS_S = {"SIGKILL": 3.0, "node": 5.0, "SIGSTOP": 15.0}
@@ -91,7 +96,7 @@ QUICK = Config(width=256, depth=2, interval_s=1.5, faults=4, rounds=1, every=10,
 def _environment(variant: str) -> dict[str, str]:
     # LOGLEVEL=INFO: torchrun says when it restarts workers and when a node's workers finished
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-           "LOGLEVEL": "INFO", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}  # fmt: skip
+           "LOGLEVEL": "INFO", "PYTHONPATH": str(ROOT)}  # fmt: skip
     if variant == "before":
         env["LIGHTNING_SCALE_WARM_RESTARTS"] = "0"
     return env
@@ -101,14 +106,14 @@ def _target(variant: str, config: Config, steps: int, workdir: Path) -> list[str
     """What each agent runs."""
     model = [f"--width={config.width}", f"--depth={config.depth}"]
     if variant == "stock":
-        return [str(ROOT / "benchmarks" / "_goodput_job.py"), "stock", f"--out-dir={workdir}", f"--steps={steps}",
+        return ["-m", "benchmarks._goodput_job", "stock", f"--out-dir={workdir}", f"--steps={steps}",
                 f"--ckpt-dir={workdir / 'ckpt'}", f"--every={config.every}", *model]  # fmt: skip
     command = [
-        "-m", "lightning_scale", "fit", "--model=_goodput_job.GoodputMLP", f"--model.width={config.width}",
-        f"--model.depth={config.depth}", "--data=_goodput_job.GoodputData", "--seed_everything=0",
+        "-m", "lightning_scale", "fit", "--model=benchmarks._goodput_job.GoodputMLP", f"--model.width={config.width}",
+        f"--model.depth={config.depth}", "--data=benchmarks._goodput_job.GoodputData", "--seed_everything=0",
         "--trainer.accelerator=cpu", "--trainer.devices=1", f"--trainer.max_steps={steps}", "--trainer.logger=false",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={workdir}", "--trainer.callbacks+=_goodput_job.StepRecords",
+        f"--trainer.default_root_dir={workdir}", "--trainer.callbacks+=benchmarks._goodput_job.StepRecords",
         f"--trainer.callbacks.out_dir={workdir}", f"--checkpoint.dirpath={workdir / 'ckpt'}",
         f"--checkpoint.every_n_train_steps={config.every}", "--cost.price_per_hour=1.0",
     ]  # fmt: skip
@@ -140,7 +145,7 @@ def overhead(config: Config, workdir: Path, memory: Path) -> list[dict[str, Any]
     """Blocks of steps with memory snapshots ``"auto"`` and off, in turn, in one fit of two processes, one on each
     simulated node (``_goodput_job.SnapshotBlocks``): per pair of blocks, their mean step times."""
     out = workdir / "overhead.json"
-    target = [str(ROOT / "benchmarks" / "_goodput_job.py"), "overhead", f"--out-dir={workdir}",
+    target = ["-m", "benchmarks._goodput_job", "overhead", f"--out-dir={workdir}",
               f"--pairs={config.overhead_pairs}", f"--block={config.overhead_block}", f"--width={config.width}",
               f"--depth={config.depth}", f"--warmup={config.overhead_warmup}", f"--out={out}"]  # fmt: skip
     cluster = Cluster(target, _environment("now"), workdir, memory)
@@ -313,6 +318,82 @@ def main() -> None:
     report(result)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
+
+
+def _recovered(rounds: list[dict], variant: str, kind: str) -> list[dict]:
+    """Every recovered fault of ``kind`` in ``variant``'s runs."""
+    return [f for r in rounds for f in r[variant]["faults"] if f["kind"] == kind and f.get("recovered")]
+
+
+def rows(result: dict) -> list[Row]:
+    """Per fault kind, the first resumed step (now, the others beside it); goodput; the snapshots' cost, no fault."""
+    rounds, verdicts = result["rounds"], {target["measure"]: target for target in result["targets"]}
+    mb, rows = result["uninterrupted"]["stock"]["ckpt_mb"], []
+    for kind in ("SIGKILL", "SIGTERM", "SIGSTOP", "node"):
+        now = _recovered(rounds, "now", kind)
+        if not now:
+            continue
+        firsts = spread([f["first_resumed_step_s"] for f in now])
+        parts = {key: spread([f[key] for f in now])["median"] for key in ("detection_s", "restart_s", "load_s")}
+        others = [(v, [f["first_resumed_step_s"] for f in _recovered(rounds, v, kind)]) for v in rounds[0]]
+        beside = ", ".join(f"{v} {spread(values)['median']:.1f} s" for v, values in others if v != "now" and values)
+        measure = (
+            f"{kind} → first resumed step, {mb:.0f} MB state, now (detection {parts['detection_s']:.1f} s, restart "
+            f"{parts['restart_s']:.1f} s, load {parts['load_s']:.1f} s; at most "
+            f"{max(f['steps_replayed'] for f in now)} step(s) replayed; {beside})"
+        )
+        verdict = verdicts.get(f"{kind} → first resumed step, now")
+        target = None if verdict is None else f"≤ {verdict['target']} s (upper quartile {verdict['bound']:.2f})"
+        holds = None if verdict is None else verdict["holds"]
+        rows.append(summary_row("goodput", measure, firsts["median"], span_of(firsts), "s", target, holds))
+    values = {variant: spread([r[variant]["goodput"] for r in rounds]) for variant in rounds[0]}
+    beside = ", ".join(f"{v} {g['median']:.3f}" for v, g in values.items() if v != "now")
+    against = spread([r["now"]["goodput_vs_reference"] for r in rounds])["median"]
+    verdict = verdicts["goodput, now"]
+    target = f"≥ {verdict['target']} (lower quartile {verdict['bound']:.3f})"
+    measure = (
+        f"goodput at a fault every {result['config']['interval_s']:g} s, now, from its own timeline ({beside}; now "
+        f"against stock's uninterrupted run, a launch of its own: {against:.3f})"
+    )
+    rows.append(
+        summary_row("goodput", measure, values["now"]["median"], span_of(values["now"]), "x", target, verdict["holds"])
+    )
+    ratio, verdict = result["overhead"]["on_over_off"], verdicts["step time, snapshots auto / off"]
+    cadence = sorted(set(result["overhead"]["snapshot_every_n_steps"]))
+    measure = f"step time, memory snapshots auto (every {cadence} steps) / off, no fault, paired"
+    target = bound_text(ratio, verdict["target"])
+    rows.append(summary_row("goodput", measure, ratio["median"], span_of(ratio), "x", target, verdict["holds"]))
+    return rows
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    config, references = result["config"], result["uninterrupted"]
+    rows = []
+    for index, per_variant in enumerate(result["rounds"]):
+        for variant, entry in per_variant.items():
+            for fault in entry["faults"]:
+                who = f"rank {fault['rank']}" if fault["rank"] is not None else "node b"
+                if not fault.get("recovered"):
+                    rows.append([str(index), f"`{variant}`", f"{fault['kind']} ({who})", *["not recovered"] * 5])
+                    continue
+                rows.append([str(index), f"`{variant}`", f"{fault['kind']} ({who})", f"{fault['detection_s']:.1f}",
+                             f"{fault['restart_s']:.1f}", f"{fault['load_s']:.1f}",
+                             f"{fault['first_resumed_step_s']:.1f}",
+                             f"{fault['steps_replayed']} ({fault['resumed_from']})"])  # fmt: skip
+    header = ["round", "variant", "fault", "detection s", "restart s", "state load s", "first resumed step s",
+              "steps replayed (resumed from)"]  # fmt: skip
+    totals = "; ".join(
+        f"`{variant}` {entry['goodput']:.3f} (against stock's uninterrupted run {entry['goodput_vs_reference']:.3f}; "
+        f"{'bitwise equal' if entry['bitwise_equal'] else 'not bitwise equal'} to its own)"
+        for per_variant in result["rounds"] for variant, entry in per_variant.items()
+    )  # fmt: skip
+    ref = references["stock"]
+    return (
+        f"{config['steps']} steps of {ref['step_s'] * 1e3:.0f} ms ({ref['ckpt_mb']:.0f} MB checkpoint), a fault every "
+        f"{config['interval_s']:g} s, a durable checkpoint every {config['every']} steps; goodput, from each run's own "
+        f"timeline: {totals}.\n\n" + md_table(header, rows)
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ run's weights, bit for bit. It reports the time training waited for each snapsho
 state into shared memory), with the state's size. Without CUDA it says so and writes the reason; ``--device cpu`` runs
 the same cycle on the CPU (a smoke run). Writes ``benchmarks/results/gpu_snapshot.json``.
 
-    .venv/bin/python benchmarks/gpu_snapshot.py [--device cpu] [--width 256] [--out result.json]
+    .venv/bin/python -m benchmarks.gpu_snapshot [--device cpu] [--width 256] [--out result.json]
 """
 
 from __future__ import annotations
@@ -73,7 +73,14 @@ def _train(workdir: Path, device: str, kill_at: int | None, width: int) -> None:
 
 
 def _run(workdir: Path, device: str, kill_at: int | None, memory: Path, width: int) -> int:
-    command = [sys.executable, __file__, f"--device={device}", f"--worker={workdir}", f"--width={width}"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.gpu_snapshot",
+        f"--device={device}",
+        f"--worker={workdir}",
+        f"--width={width}",
+    ]
     command += [] if kill_at is None else [f"--kill-at={kill_at}"]
     env = {**os.environ, "LIGHTNING_SCALE_SNAPSHOT_DIR": str(memory), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     return subprocess.run(command, env=env, timeout=600, cwd=ROOT).returncode

@@ -8,7 +8,7 @@ whether the fit ran, its median step, the allocator's peak over the steady steps
 of the state) against the state's size. Without CUDA it says so and writes the reason; ``--device cpu`` runs the
 same on the CPU over gloo (a smoke run). Writes ``benchmarks/results/gpu_strategies.json``.
 
-    .venv/bin/python benchmarks/gpu_strategies.py [--device cpu] [--d-model 512] [--out result.json]
+    .venv/bin/python -m benchmarks.gpu_strategies [--device cpu] [--d-model 512] [--out result.json]
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -37,10 +36,8 @@ def _worker(name: str, device: str, d_model: int, out: Path) -> None:
     import lightning.pytorch as pl
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from _peak_memory import PeakMemory
-    from _step_times import StepEnds
-
+    from benchmarks._peak_memory import PeakMemory
+    from benchmarks._step_times import StepEnds
     from examples.char_transformer import CharDataModule, CharTransformer
     from lightning_scale.callbacks import ResumableCheckpoint
     from lightning_scale.strategies import DataParallelStrategy, ModelParallelStrategy
@@ -80,8 +77,8 @@ def check(device: str, d_model: int) -> dict:
     rows = {}
     for name in STRATEGIES:
         with tempfile.TemporaryDirectory(prefix="gpu-strategies-") as tmp:
-            command = launch_command([__file__, f"--worker={name}", f"--device={device}", f"--d-model={d_model}",
-                                      f"--workdir={tmp}"], 1)  # fmt: skip
+            worker = [f"--worker={name}", f"--device={device}", f"--d-model={d_model}", f"--workdir={tmp}"]
+            command = launch_command(["-m", "benchmarks.gpu_strategies", *worker], 1)
             env = launch_environment([ROOT], CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
             result = Path(tmp, "result.json")

@@ -12,7 +12,7 @@ resumed job.
 
 Prints a table and writes ``benchmarks/results/hang_watchdog.json``.
 
-    .venv/bin/python benchmarks/hang_watchdog.py [--quick]
+    .venv/bin/python -m benchmarks.hang_watchdog [--quick]
 """
 
 from __future__ import annotations
@@ -21,16 +21,18 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, meets, paired_ratios, spread
-
+from benchmarks._common import machine_info, meets, paired_ratios, spread
+from benchmarks._summary import (
+    Row,
+    md_ms,
+    span_of,
+    summary_row,
+)
 from lightning_scale.health import HANG_EXIT_CODE
 from lightning_scale.testing import launch_command, launch_environment, torchrun_failures
 
@@ -39,7 +41,7 @@ TARGET = 1.01
 
 
 def _launch(workdir: Path, *arguments: str, max_restarts: int | None = None) -> str:
-    job = [str(ROOT / "benchmarks" / "_hang_watchdog_job.py"), f"--workdir={workdir}", *arguments]
+    job = ["-m", "benchmarks._hang_watchdog_job", f"--workdir={workdir}", *arguments]
     command = launch_command(job, 2, max_restarts=max_restarts)
     env = launch_environment([ROOT], TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # stock ddp's restarts need it
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
@@ -139,6 +141,30 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    rows = []
+    for variant, label in (("watchdog", "HangWatchdog"), ("watchdog+stragglers", "HangWatchdog + StragglerDetector")):
+        ratio = result["over_none"][variant]
+        own = f", the watchdog's own marks {result['marks_us_per_step']:.0f} µs/step" if variant == "watchdog" else ""
+        rows.append(summary_row("hang_watchdog", f"step time, {label} / none (paired per round, 2 processes{own})",
+                        ratio["median"], span_of(ratio), "x", f"≤ {result['target']} (upper quartile "
+                        f"{ratio['upper_quartile']:.3f})", result["holds"][variant]))  # fmt: skip
+    latency, config = result["detection"], result["config"]
+    rows.append(summary_row("hang_watchdog", f"{config['freeze']} of rank 1 → restarted job's first step, "
+                    f"{latency['ckpt_mb']:.0f} MB state, min_timeout_s={config['min_timeout_s']:g} (exit after "
+                    f"{latency['freeze_to_exit_s']:.1f} s, torchrun restart {latency['exit_to_restart_s']:.1f} s, "
+                    f"first step {latency['restart_to_first_step_s']:.1f} s)", latency["freeze_to_first_step_s"],
+                    None, "s"))  # fmt: skip
+    return rows
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    steps = result["step_s"]
+    return "ms per step: " + ", ".join(f"{variant} {md_ms(spread)}" for variant, spread in steps.items()) + "."
 
 
 if __name__ == "__main__":

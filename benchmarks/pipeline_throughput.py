@@ -2,7 +2,7 @@
 microbatches and model) on 2 CPU processes (gloo, 1 thread each), vs one process with 1 and with 2 threads, and the
 measured bubble against theory (p-1)/(m+p-1). Writes ``benchmarks/results/pipeline_throughput.json``.
 
-    .venv/bin/python benchmarks/pipeline_throughput.py [--quick]
+    .venv/bin/python -m benchmarks.pipeline_throughput [--quick]
 
 Raw and ours run in the same two processes, alternating every round (see ``_pipeline_job.py``): the ratio of each
 round's pair; a configuration meets the target when the lower quartile of its paired ratios does, and the worst
@@ -20,18 +20,24 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import MEMORY_ENV, machine_info, meets, paired_ratios, spread
-
+from benchmarks._common import MEMORY_ENV, machine_info, meets, paired_ratios, spread
+from benchmarks._summary import (
+    Row,
+    bound_text,
+    md_mb,
+    md_ms,
+    md_ratio,
+    md_table,
+    span_of,
+    summary_row,
+)
 from lightning_scale.testing import launch_command, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = Path(__file__).resolve().parent / "_pipeline_job.py"
+JOB = "benchmarks._pipeline_job"
 RESULTS = Path(__file__).resolve().parent / "results"
 STAGES = 2
 TARGET = 0.95  # ours / raw throughput
@@ -41,7 +47,7 @@ def run(job: list[str], processes: int) -> dict[str, list]:
     """One launch of ``_pipeline_job.py`` (under torchrun for several processes): each variant's per-round steps."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        command = launch_command([str(JOB), *job, str(out)], processes)
+        command = launch_command(["-m", JOB, *job, str(out)], processes)
         env = launch_environment([ROOT], **(MEMORY_ENV if job[0] == "memory" else {}))
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
@@ -111,6 +117,54 @@ def main() -> None:
     result = {"machine": machine_info(), "config": config, "rows": rows, "memory": memory}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
+
+
+def rows(result: dict) -> list[Row]:
+    """Every width and microbatch count measured, each judged by the lower quartile of its paired rounds."""
+    rows = []
+    for entry in result["rows"]:
+        width, m, ratio = entry["width"], entry["microbatches"], entry["ours_over_raw_throughput"]
+        extra, stock = entry["ours_minus_raw_s"]["median"] * 1e3, entry["lightning_minus_raw_1p_s"]["median"] * 1e3
+        measure = (f"throughput, pipeline_parallel / raw torch pipelining, D={width}, m={m}, 2 stages (ours - raw "
+                   f"{extra:.2f} ms a step; stock Lightning - raw loop, 1 process: {stock:.2f} ms)")  # fmt: skip
+        rows.append(summary_row("pipeline_throughput", measure, ratio["median"], span_of(ratio), "x",
+                        bound_text(ratio, 0.95, at_most=False), entry["holds"]))  # fmt: skip
+        ideal, measured = 1 - entry["bubble_theory"], 1 - entry["bubble_measured_ours"]
+        label = (
+            f"parallel efficiency, (1 process / 2) / pipeline_parallel step, D={width}, m={m} (schedule's ideal "
+            f"{ideal:.2f})"
+        )
+        rows.append(summary_row("pipeline_throughput", label, measured, None, "x"))
+    memory = result["memory"]
+    one, stages = memory["one_process"], memory["per_stage"]
+    held = max(stages["held"]) / one["held"][0]
+    measure = (
+        f"peak memory in a step, largest pipeline_parallel stage / one process training the whole model, "
+        f"D={memory['width']}, m={memory['microbatches']} (parameters and gradients held: {held:.2f})"
+    )
+    rows.append(summary_row("pipeline_throughput", measure, max(stages["peak"]) / one["peak"][0], None, "x"))
+    return rows
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    rows = [
+        [str(r["width"]), str(r["microbatches"]), md_ms(r["single_1t_s"]), md_ms(r["raw_s"]), md_ms(r["ours_s"]),
+         md_ratio(r["ours_over_raw_throughput"]), f"{r['ours_minus_raw_s']['median'] * 1e3:.2f}",
+         f"{r['lightning_minus_raw_1p_s']['median'] * 1e3:.2f}",
+         f"{r['bubble_theory']:.2f} / {r['bubble_measured_raw']:.2f} / {r['bubble_measured_ours']:.2f}"]
+        for r in result["rows"]
+    ]  # fmt: skip
+    header = ["D", "m", "1 process ms", "raw ms", "ours ms", "ours / raw throughput, paired", "ours - raw ms",
+              "Lightning - raw ms (1 process)", "bubble: theory / raw / ours"]  # fmt: skip
+    memory = result["memory"]
+    one, stages = memory["one_process"], memory["per_stage"]
+    per_stage = ", ".join(f"{md_mb(peak)} (holds {md_mb(held)})" for peak, held in zip(stages["peak"], stages["held"],
+                                                                                   strict=True))  # fmt: skip
+    return (
+        md_table(header, rows) + f"\n\nPeak in a step at D={memory['width']}, m={memory['microbatches']}, MB: one "
+        f"process {md_mb(one['peak'][0])} (holds {md_mb(one['held'][0])}); per stage {per_stage}."
+    )
 
 
 if __name__ == "__main__":

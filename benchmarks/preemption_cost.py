@@ -7,7 +7,7 @@
 
 Prints a table and writes ``benchmarks/results/preemption_cost.json``.
 
-    .venv/bin/python benchmarks/preemption_cost.py [--quick]
+    .venv/bin/python -m benchmarks.preemption_cost [--quick]
 """
 
 from __future__ import annotations
@@ -17,14 +17,18 @@ import csv
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, meets, paired_ratios, spread
-
+from benchmarks._common import machine_info, meets, paired_ratios, spread
+from benchmarks._summary import (
+    Row,
+    bound_text,
+    md_ms,
+    md_s,
+    span_of,
+    summary_row,
+)
 from lightning_scale.testing import launch_command, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +38,7 @@ TARGET_VOTE_RATIO = 1.01
 def launch(part: str, steps: int, d_model: int, rounds: int = 1) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"preempt-bench-{part}-"))
     try:
-        job = [str(ROOT / "benchmarks" / "_preemption_job.py"), f"--part={part}", f"--steps={steps}"]
+        job = ["-m", "benchmarks._preemption_job", f"--part={part}", f"--steps={steps}"]
         job += [f"--d-model={d_model}", f"--rounds={rounds}", f"--workdir={workdir}"]
         command, env = launch_command(job, 2), launch_environment([ROOT])
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
@@ -88,6 +92,29 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    durable = result["notice_to_durable_s"]
+    return [
+        summary_row("preemption_cost",
+            f"SIGTERM to rank 1 → durable checkpoint, {result['ckpt_mb']:.0f} MB (2 processes)",
+            durable["median"], span_of(durable), "s"),
+        summary_row("preemption_cost", "step time, SpotPreemption voting every step / none (2 processes)",
+            result["vote_over_none"]["median"], span_of(result["vote_over_none"]), "x",
+            bound_text(result["vote_over_none"], result["target"]), result["holds"]),
+    ]  # fmt: skip
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    steps = result["step_s"]
+    durable = result["notice_to_durable_s"]
+    return (
+        f"ms per step without / with the vote: {md_ms(steps['none'])} / {md_ms(steps['vote'])}; SIGTERM to a durable "
+        f"checkpoint of {result['ckpt_mb']:.0f} MB: {md_s(durable)} s."
+    )
 
 
 if __name__ == "__main__":

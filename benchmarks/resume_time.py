@@ -5,7 +5,7 @@ Each measurement is a new Python process (imports, model construction, checkpoin
 download and load included). The three variants are interleaved and repeated; medians (min-max). Writes
 ``benchmarks/results/resume_time.json``.
 
-    .venv/bin/python benchmarks/resume_time.py [--quick]
+    .venv/bin/python -m benchmarks.resume_time [--quick]
 """
 
 from __future__ import annotations
@@ -22,11 +22,16 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, spread
+from benchmarks._common import machine_info, spread
+from benchmarks._summary import (
+    Row,
+    md_s,
+    span_of,
+    summary_row,
+)
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 RESULTS = HERE / "results"
 VARIANTS = ("fresh", "local", "s3")
 
@@ -52,9 +57,14 @@ def s3_server() -> tuple[object, dict[str, str]]:
 
 def run_job(dirpath: str, state_mb: float, max_steps: int, workdir: Path, env: dict[str, str]) -> dict[str, float]:
     out = workdir / f"first-step-{uuid.uuid4().hex[:8]}.json"
-    command = [sys.executable, str(HERE / "_resume_job.py"), dirpath, str(state_mb), str(max_steps), str(out)]
+    command = [sys.executable, "-m", "benchmarks._resume_job", dirpath, str(state_mb), str(max_steps), str(out)]
     started = time.time()
-    subprocess.run(command, check=True, capture_output=True, env={**os.environ, **env, "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        command,
+        check=True,
+        capture_output=True,
+        env={**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    )
     first = json.loads(out.read_text())
     return {"seconds": first["first_step_unix"] - started, "global_step": first["global_step"]}
 
@@ -100,6 +110,26 @@ def main() -> None:
     config = {"state_mb": state_mb, "repeats": repeats, "quick": args.quick}
     out.write_text(json.dumps({"machine": machine_info(), "config": config, "table": table, "runs": runs}, indent=1))
     print(f"wrote {out}")
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    table, mb = result["table"], result["config"]["state_mb"]
+    return [
+        summary_row("resume_time", f"process start → first training step, {mb:.0f} MB state, {variant}",
+            table[variant]["median"], span_of(table[variant]), "s")
+        for variant in ("fresh", "local")
+    ]  # fmt: skip
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    table = result["table"]
+    return (
+        f"Process start to the first training step, {result['config']['state_mb']:.0f} MB state, s: fresh "
+        f"{md_s(table['fresh'])}, resumed from local disk {md_s(table['local'])}, from S3 (moto on 127.0.0.1) "
+        f"{md_s(table['s3'])}."
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ fixed, every allocation of 1 MiB or more is a fresh mapping that the RSS counts,
 blocked times (every host copy faulting in fresh pages) are reported too, not judged. Prints a table and writes
 ``benchmarks/results/sharded_checkpoint.json``.
 
-    .venv/bin/python benchmarks/sharded_checkpoint.py [--quick]
+    .venv/bin/python -m benchmarks.sharded_checkpoint [--quick]
 """
 
 from __future__ import annotations
@@ -30,21 +30,27 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import MEMORY_ENV, machine_info, spread
 from resume_time import s3_server
 
+from benchmarks._common import MEMORY_ENV, machine_info, spread
+from benchmarks._summary import (
+    Row,
+    md_mb,
+    md_ms,
+    md_s,
+    md_table,
+    span_of,
+    summary_row,
+)
 from lightning_scale.testing import launch_command, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = Path(__file__).resolve().parent / "_sharded_checkpoint_job.py"
+JOB = "benchmarks._sharded_checkpoint_job"
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.1  # async / sync blocked time per save, every round
 MB = 1e6
@@ -53,7 +59,7 @@ MB = 1e6
 def run_job(part: str, dirs: dict[str, str], size: dict[str, int], env: dict[str, str], workdir: Path) -> dict:
     """One torchrun launch of 2 processes that saves every variant of ``part`` in each directory of ``dirs``."""
     out = workdir / f"{part}-{uuid.uuid4().hex[:8]}.json"
-    job = [str(JOB), f"--part={part}", f"--out={out}", *(f"--{key}={value}" for key, value in size.items())]
+    job = ["-m", JOB, f"--part={part}", f"--out={out}", *(f"--{key}={value}" for key, value in size.items())]
     job += [f"--dir={label}={dirpath}" for label, dirpath in dirs.items()]
     done = subprocess.run(
         launch_command(job, 2), env=launch_environment([ROOT], **env), capture_output=True, text=True, timeout=1200
@@ -258,6 +264,49 @@ def main() -> None:
     out = {"machine": machine_info(), "config": config, "table": table, "runs": results}
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
+
+
+def rows(result: dict) -> list[Row]:
+    """The summary rows of ``result`` (this script's JSON), each with its target and verdict."""
+    sharded, zero = result["table"]["model_parallel"], result["table"]["zero1"]
+    full, own = sharded["memory"]["full_state_bytes"] / 1e6, sharded["memory"]["own_shard_bytes"] / 1e6
+    blocked, memory = [], []
+    for storage, where in (("local", "local disk"), ("s3", "S3")):
+        ratio = sharded[storage]["async_over_sync_blocked"]  # paired per round; the target holds for every round
+        blocked.append(summary_row("sharded_checkpoint", f"blocked time per save, async / sync, model_parallel shards, "
+                           f"{full:.0f} MB, {where} (2 processes)", ratio["median"], span_of(ratio), "x",
+                           f"≤ 0.1 (max {ratio['max']:.3f})", sharded[storage]["holds"]))  # fmt: skip
+        peak = max(sharded[storage][variant]["peak_rss_increase_bytes"] for variant in ("sync", "async")) / 1e6
+        label = f"rank-0 peak memory increase in a sharded save / its own shard ({own:.0f} of {full:.0f} MB), {where}"
+        memory.append(summary_row("sharded_checkpoint", label, peak / own, None, "x"))
+    zero_rows = [
+        summary_row("sharded_checkpoint", f"{measure}, ZeRO-1 per-rank shares / consolidated file",
+            zero[f"per_rank_over_consolidated_{key}"]["median"],
+            span_of(zero[f"per_rank_over_consolidated_{key}"]), "x")
+        for key, measure in (("save_s", "save time"), ("peak_rss_increase", "rank-0 peak memory increase in a save"))
+    ]  # fmt: skip
+    return blocked + memory + zero_rows
+
+
+def details(result: dict) -> str:
+    """This benchmark's figures in Markdown, for the Performance page."""
+    sharded, zero = result["table"]["model_parallel"], result["table"]["zero1"]
+    rows = []
+    for storage, where in (("local", "local disk"), ("s3", "S3 (moto on 127.0.0.1)")):
+        sync, mine = sharded[storage]["sync"], sharded[storage]["async"]
+        peak = max(sync["peak_rss_increase_bytes"], mine["peak_rss_increase_bytes"])
+        durable = f"{sync['durable_s']['median']:.2f} / {mine['durable_s']['median']:.2f}"
+        rows.append([where, md_ms(sync["blocked_s"]), md_ms(mine["blocked_s"]), durable, md_mb(peak)])
+    header = ["storage", "sync: ms blocked per save", "async: ms blocked per save", "s until durable (sync / async)",
+              "rank 0's peak increase, MB"]  # fmt: skip
+    per_rank, consolidated = zero["per_rank"], zero["consolidated"]
+    return (
+        md_table(header, rows)
+        + f"\n\nZeRO-1, s per save: per-rank shares {md_s(per_rank['save_s'])}, one consolidated "
+        f"file {md_s(consolidated['save_s'])}; rank 0's peak increase, MB: "
+        f"{md_mb(per_rank['peak_rss_increase_bytes']['median'])} against "
+        f"{md_mb(consolidated['peak_rss_increase_bytes']['median'])}."
+    )
 
 
 if __name__ == "__main__":
