@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -11,13 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
-from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from torch.utils.data import Sampler
-from torch.utils.data.distributed import DistributedSampler
 from typing_extensions import override
 
 from lightning_scale import distributed, knobs
@@ -25,27 +21,31 @@ from lightning_scale._lightning_internals import (
     before_train_iterator,
     consumed_batches_in_epoch,
     consumed_loader_states,
-    ddp_sampler_on_one_process,
     drop_lightning_loader_state,
     is_last_batch_of_epoch,
     process_dataloaders_with,
-    reload_train_loaders_after,
     sampler_in_lightning_wrapper,
-    shift_batches_in_epoch,
     track_loader_states_when_fetching_ahead,
     train_loaders,
 )
+from lightning_scale.callbacks._data_state_elastic import (
+    ddp_sampler,
+    draws_as_ddp,
+    epoch_position_of,
+    finish_epoch_elsewhere,
+    keep_samples_per_step,
+    rest_of_epoch_sampler,
+)
+from lightning_scale.callbacks._data_state_format import RankDataState, saved_ranks
+from lightning_scale.callbacks._data_state_loaders import (
+    loader_state,
+    restore_generators,
+    restore_loader,
+    set_sampler_epoch,
+)
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.checkpoint.rank_local import per_rank
-from lightning_scale.data.elastic import (
-    EpochPosition,
-    RestOfEpoch,
-    RestOfEpochSampler,
-    epoch_position,
-    global_order,
-    order_differences,
-    rest_of_epoch,
-)
+from lightning_scale.data.elastic import EpochPosition, RestOfEpoch
 from lightning_scale.data.resumable_loader import make_resumable, run_seed
 from lightning_scale.data.worker_start import WorkerStartWatchdog
 from lightning_scale.errors import ConfigurationError
@@ -55,8 +55,6 @@ __all__ = ["DataStateCheckpoint"]
 
 log = logging.getLogger(__name__)
 
-_ITERATOR_FINISHED = "_iterator_finished"  # torchdata StatefulDataLoader state key
-
 
 class DataStateCheckpoint(Callback):
     """Save every rank's dataloader position and RNG states; give each rank its own back on resume.
@@ -65,7 +63,8 @@ class DataStateCheckpoint(Callback):
     does not restore the sampler's epoch before the resumed iterator draws indices. This callback, at every
     checkpoint, takes from each rank the ``state_dict()`` of its training ``StatefulDataLoader``\\ (s), the
     generators of its loaders and samplers, its epoch position and its RNG states (Python, NumPy, torch CPU and
-    CUDA), and stores them as ``{"version": 1, "world_size": W, "ranks": [...]}`` (gathered on rank 0 for a single-file
+    CUDA), and stores them as ``{"version": 1, "world_size": W, "ranks": [...]}``, one ``RankDataState`` each
+    (``callbacks/_data_state_format.py``; gathered on rank 0 for a single-file
     checkpoint; in a sharded one each rank writes its own, see :mod:`lightning_scale.checkpoint.rank_local`;
     ``"rank_0"``, ``"rank_1"``, ... keys of earlier releases are read too). On resume each rank gets its
     own entry back, at the moments an uninterrupted run would have had it:
@@ -138,7 +137,7 @@ class DataStateCheckpoint(Callback):
         self.worker_start_timeout_s = worker_start_timeout_s
         self.keep_global_batch = keep_global_batch
         self._trainer: pl.Trainer | None = None
-        self._pending: dict[str, Any] | None = None
+        self._pending: RankDataState | None = None  # this rank's saved state, until training starts
         self._problems: list[str] = []
         self._undo_loaders: Callable[[], None] | None = None
         self._watchdog: WorkerStartWatchdog | None = None
@@ -183,7 +182,8 @@ class DataStateCheckpoint(Callback):
     def state_dict(self) -> dict[str, Any]:
         if self._trainer is None:
             return {}
-        ranks = per_rank(self._local_state(self._trainer))  # gathered for rank 0's file; kept by each rank's shard
+        # gathered for rank 0's file; kept by each rank's shard
+        ranks = per_rank(self._local_state(self._trainer).to_dict())
         return {"version": STATE_VERSION, "world_size": distributed.world_size(), "ranks": ranks}
 
     @override
@@ -201,145 +201,57 @@ class DataStateCheckpoint(Callback):
         if self._trainer is None:
             return  # validate/test/predict restore callbacks too; data positions matter only to fit
         check_state_version(state_dict, "DataStateCheckpoint", missing=None)
-        saved_world, world = state_dict["world_size"], distributed.world_size()
-        ranks = state_dict.get("ranks") or [state_dict[f"rank_{r}"] for r in range(saved_world)]  # or the old layout
+        saved_world, ranks = saved_ranks(state_dict)
+        world = distributed.world_size()
         # every rank records the epoch's global position: on the same world size each reads its own entry only (a
         # sharded checkpoint's rank file, a memory snapshot held on another node), else rank 0's
-        positions = ranks[distributed.rank() if saved_world == world else 0].get("positions")
-        self._saved_distributed = None if not positions else any(p is not None for p in positions)
+        saved = RankDataState.from_dict(ranks[distributed.rank() if saved_world == world else 0])
+        self._saved_distributed = None if not saved.positions else any(p is not None for p in saved.positions)
+        self._drawn_seed = saved.drawn_seed
         if saved_world == world:
-            self._pending = dict(ranks[distributed.rank()])
-            self._drawn_seed = self._pending.get("drawn_seed")
-            if not self._pending["loaders"]:  # saved before training loaders existed (the Tuner's checkpoint)
-                self._pending["loaders"] = None
-            rest = self._pending.get("rest_start")
-            if rest is not None and not self._pending["end_of_epoch"]:  # saved while finishing an elastic epoch
-                self._rest_start = EpochPosition.from_dict(rest)
-            self._keep_samples_per_step(self._pending)
-            return
-        rank0 = ranks[0]
-        self._drawn_seed = rank0.get("drawn_seed")
-        self._pending = {"epoch": rank0["epoch"], "end_of_epoch": rank0["end_of_epoch"], "loaders": None, "rng": None}
-        if rank0["end_of_epoch"]:
-            rank_zero_warn(
-                f"Resuming a checkpoint written by {saved_world} processes with {world}: the next epoch is split for "
-                f"{world} processes and the RNG streams are not restored, so this run will not match one that kept "
-                f"{saved_world} processes."
-            )
+            self._pending = saved
+            if saved.rest_start is not None and not saved.end_of_epoch:  # saved while finishing an elastic epoch
+                self._rest_start = saved.rest_start
         else:
-            self._resume_epoch_elsewhere(rank0, saved_world, world, checkpoint)
-        self._keep_samples_per_step(rank0)
-
-    def _resume_epoch_elsewhere(
-        self, rank0: dict[str, Any], saved_world: int, world: int, checkpoint: dict[str, Any] | None
-    ) -> None:
-        """Plan the rest of rank 0's epoch for ``world`` processes and count its batches as they will."""
-        start = self._elastic_start(rank0, saved_world, world)
-        replicas = _data_replicas(self._trainer)
-        chunk = replicas * start.batch_size
-        left = start.end - start.consumed
-        batches = left // chunk if start.drop_last else -(-left // chunk)
-        if checkpoint is None:
-            raise RuntimeError("DataStateCheckpoint.load_state_dict ran without on_load_checkpoint before it.")
-        shift_batches_in_epoch(checkpoint, start.consumed // chunk - rank0["batches_consumed"])
-        self._rest_start = start
-        rank_zero_warn(
-            f"Resuming epoch {start.epoch} on {world} processes; the checkpoint was written by {saved_world} after "
-            f"{start.consumed} of its {start.end} samples. The {left} samples left are dealt to {replicas} "
-            f"data-parallel rank(s) ({batches} batches of up to {start.batch_size} each), each seen once; the epochs "
-            f"after it are split for {world} processes, and the RNG streams of the old processes are not restored."
-        )
-
-    def _elastic_start(self, rank0: dict[str, Any], saved_world: int, world: int) -> EpochPosition:
-        positions = rank0.get("positions") or [None]
-        reason = None
-        if len(positions) != 1 or positions[0] is None:
-            reason = (
-                "its training data is not one DataLoader with a batch size drawn through a distributed sampler, or "
-                "the checkpoint is older than elastic resumption"
-            )
-        elif not self.make_loaders_resumable:
-            reason = "DataStateCheckpoint(make_loaders_resumable=False) leaves the loaders as they are"
-        elif self._trainer is not None and self._trainer.limit_train_batches != 1.0:
-            reason = f"limit_train_batches={self._trainer.limit_train_batches} limits the epoch"
-        if reason is not None:
-            raise ConfigurationError(
-                f"The checkpoint was written by {saved_world} processes in the middle of epoch {rank0['epoch']} "
-                f"(after {rank0['batches_consumed']} batches per rank), and its epoch cannot be finished on {world} "
-                f"processes: {reason}. Resume with {saved_world} processes (Trainer devices/num_nodes, or torchrun "
-                "--nproc-per-node), or from a checkpoint taken at the end of an epoch."
-            )
-        return EpochPosition.from_dict(positions[0])
-
-    def _keep_samples_per_step(self, saved: dict[str, Any]) -> None:
-        """With ``keep_global_batch``: the accumulation that keeps the saved run's samples per optimizer step."""
-        positions = saved.get("positions") or [None]
-        if not self.keep_global_batch or self._trainer is None or positions[0] is None:
-            return
-        position, trainer = EpochPosition.from_dict(positions[0]), self._trainer
-        world = _data_replicas(trainer)
-        per_batch = position.batch_size * world
-        accumulate, remainder = divmod(position.samples_per_step, per_batch)
-        if remainder or accumulate < 1:
-            raise ConfigurationError(
-                f"DataStateCheckpoint(keep_global_batch=True): the run's optimizer steps take "
-                f"{position.samples_per_step} samples, which {world} processes with batches of {position.batch_size} "
-                f"cannot keep ({position.samples_per_step} is no multiple of {per_batch}). Run on a number of "
-                "processes that divides it, or set keep_global_batch=False."
-            )
-        if trainer.accumulate_grad_batches != accumulate:
-            rank_zero_warn(
-                f"accumulate_grad_batches {trainer.accumulate_grad_batches} -> {accumulate}: {world} processes x "
-                f"{position.batch_size} samples x {accumulate} batches keep the run's {position.samples_per_step} "
-                "samples per optimizer step (DataStateCheckpoint(keep_global_batch=True))."
-            )
-            trainer.accumulate_grad_batches = accumulate
+            self._pending = RankDataState(saved.epoch, saved.end_of_epoch)  # no loader or RNG state of another world
+            if saved.end_of_epoch:
+                rank_zero_warn(
+                    f"Resuming a checkpoint written by {saved_world} processes with {world}: the next epoch is split "
+                    f"for {world} processes and the RNG streams are not restored, so this run will not match one that "
+                    f"kept {saved_world} processes."
+                )
+            else:
+                self._rest_start = finish_epoch_elsewhere(
+                    self._trainer, saved, saved_world, world, checkpoint, self.make_loaders_resumable
+                )
+        if self.keep_global_batch and self._trainer is not None:
+            keep_samples_per_step(self._trainer, saved)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pending, self._pending = self._pending, None
-        if pending is None or pending["end_of_epoch"]:
+        if pending is None or pending.end_of_epoch:
             return
-        for loader, saved in zip(train_loaders(trainer), pending["loaders"] or [], strict=bool(pending["loaders"])):
-            _restore_generators(loader, saved["generators"])
-        if pending["rng"] is not None:  # None: another world size's
-            restore_rng_state(pending["rng"])
+        for loader, saved in zip(train_loaders(trainer), pending.loaders or [], strict=bool(pending.loaders)):
+            restore_generators(loader, saved.generators)
+        if pending.rng is not None:  # None: another world size's
+            restore_rng_state(pending.rng)
 
-    def _local_state(self, trainer: pl.Trainer) -> dict[str, Any]:
-        return {
-            "epoch": trainer.current_epoch,
-            "end_of_epoch": is_last_batch_of_epoch(trainer),
-            "batches_consumed": consumed_batches_in_epoch(trainer),
-            "loaders": [
-                {"state": state, "generators": {name: gen.get_state() for name, gen in _generators(loader).items()}}
-                for loader, state in zip(train_loaders(trainer), consumed_loader_states(trainer), strict=True)
-            ],
-            "rng": capture_rng_state(),
-            "drawn_seed": self._drawn_seed,
-            "positions": [self._position(trainer, loader) for loader in train_loaders(trainer)],
-            "rest_start": None if self._rest is None else self._rest.start.to_dict(),
-        }
-
-    def _position(self, trainer: pl.Trainer, loader: Any) -> dict[str, Any] | None:
-        """Where the job stands in the epoch's global order through ``loader`` (``None``: not measurable)."""
-        batches = consumed_batches_in_epoch(trainer)
-        sampler = getattr(loader, "sampler", None)
-        if isinstance(sampler, RestOfEpochSampler):
-            position = sampler.rest.position(batches)
-            per_step = position.batch_size * trainer.accumulate_grad_batches * sampler.rest.world_size
-            return dataclasses.replace(position, samples_per_step=per_step).to_dict()
-        batch_size = getattr(loader, "batch_size", None)
-        if not isinstance(sampler, DistributedSampler) or not batch_size:
-            return None
-        return epoch_position(
-            sampler,
+    def _local_state(self, trainer: pl.Trainer) -> RankDataState:
+        loaders = train_loaders(trainer)
+        return RankDataState(
             epoch=trainer.current_epoch,
-            batches=batches,
-            max_batches=trainer.num_training_batches,
-            batch_size=batch_size,
-            drop_last=bool(loader.drop_last),
-            accumulate_grad_batches=trainer.accumulate_grad_batches,
-        ).to_dict()
+            end_of_epoch=is_last_batch_of_epoch(trainer),
+            batches_consumed=consumed_batches_in_epoch(trainer),
+            loaders=[
+                loader_state(loader, state)
+                for loader, state in zip(loaders, consumed_loader_states(trainer), strict=True)
+            ],
+            rng=capture_rng_state(),
+            drawn_seed=self._drawn_seed,
+            positions=[epoch_position_of(trainer, loader) for loader in loaders],
+            rest_start=None if self._rest is None else self._rest.start,
+        )
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -383,7 +295,7 @@ class DataStateCheckpoint(Callback):
             return loader  # only training loaders have a position to resume
         name = f"training dataloader #{len(self._problems)} ({type(loader).__name__})"
         start, self._rest_start = self._rest_start, None
-        as_ddp = self._draws_as_ddp(trainer)
+        as_ddp = draws_as_ddp(trainer, self._saved_distributed)
         result = make_resumable(
             loader,
             seed=self._seed(loader),
@@ -392,7 +304,7 @@ class DataStateCheckpoint(Callback):
             name=name,
             inner_sampler=sampler_in_lightning_wrapper,
             wrap_sampler=None if start is None else functools.partial(self._rest_of_epoch, trainer, start, name),
-            replace_sampler=None if as_ddp is None else functools.partial(self._ddp_sampler, trainer, name, as_ddp),
+            replace_sampler=None if as_ddp is None else functools.partial(ddp_sampler, trainer, name, as_ddp),
         )
         if start is not None and (self._rest is None or result.loader.batch_size != start.batch_size):
             raise ConfigurationError(
@@ -404,52 +316,9 @@ class DataStateCheckpoint(Callback):
         return result.loader
 
     def _rest_of_epoch(self, trainer: pl.Trainer, start: EpochPosition, name: str, sampler: Any) -> Sampler[int]:
-        """``sampler`` (the new world's distributed sampler) dealing out the rest of ``start``'s epoch first."""
-        differences = order_differences(sampler, start)
-        if differences:
-            raise ConfigurationError(
-                f"Epoch {start.epoch} resumes on {trainer.world_size} processes, but {name} cannot continue the "
-                f"order the run that wrote the checkpoint drew it in: {'; '.join(differences.values())}. "
-                + " ".join(_ORDER_FIXES[kind].format(start=start) for kind in differences)
-                + " Or resume on the number of processes that wrote the checkpoint."
-            )
-        order = global_order(sampler, start.epoch)
-        if len(order) < start.end:
-            raise ConfigurationError(
-                f"{name}'s dataset has {len(order)} samples, fewer than the {start.end} of the epoch being resumed: "
-                "resume with the dataset that wrote the checkpoint."
-            )
-        self._rest = rest_of_epoch(order, start, sampler.num_replicas, sampler.rank)  # data-parallel ranks
-        if self._rest.repeated:
-            rank_zero_warn(
-                f"Epoch {start.epoch} has fewer samples left than the {trainer.world_size} processes: "
-                f"{self._rest.repeated} sample(s) are seen twice so that every process takes the last step."
-            )
-        reload_train_loaders_after(trainer, start.epoch)
-        return RestOfEpochSampler(sampler, self._rest)
-
-    def _draws_as_ddp(self, trainer: pl.Trainer) -> str | None:
-        """Why this fit's single process draws its training data through the sampler DDP would give it (``None``: it
-        does not; a parallel strategy injects its own, and a plain run keeps the loader's).
-
-        Lightning injects a distributed sampler under DDP only, and picks a single-device strategy for one process:
-        the order of an epoch would change with the world size, and an elastic job that shrinks to one process (or
-        starts on one) could neither finish an epoch begun on more nor hand its own to more."""
-        if trainer.distributed_sampler_kwargs is not None:
-            return None
-        if self._saved_distributed is not None:
-            return "as the checkpoint it resumes drew it" if self._saved_distributed else None
-        return "as the world of this torchrun job may grow" if TorchElasticEnvironment.detect() else None
-
-    def _ddp_sampler(self, trainer: pl.Trainer, name: str, why: str, loader: Any) -> Any:
-        sampler = ddp_sampler_on_one_process(trainer, loader)
-        if sampler is not None:
-            rank_zero_info(
-                f"DataStateCheckpoint: {name} draws through the {type(sampler).__name__} Lightning's DDP would give it "
-                f"on one process (shuffle={sampler.shuffle}, seed={sampler.seed}), {why}: its epochs keep the global "
-                "order they have on more processes."
-            )
-        return sampler
+        """``sampler`` dealing out the rest of ``start``'s epoch first; this rank's share of it is kept."""
+        wrapped, self._rest = rest_of_epoch_sampler(trainer, start, name, sampler)
+        return wrapped
 
     def _seed(self, loader: Any) -> int:
         """The user's seed for ``loader``; without one, a seed drawn once per run (by rank 0, for every rank) and kept
@@ -476,20 +345,20 @@ class DataStateCheckpoint(Callback):
         pending = self._pending
         if pending is None:
             return
-        saved = pending["loaders"]
+        saved = pending.loaders
         if saved is not None and len(saved) != len(loaders):
             raise ConfigurationError(
                 f"The checkpoint holds data state for {len(saved)} training dataloader(s), this run has "
                 f"{len(loaders)}. Resume with the same train_dataloader() structure that wrote the checkpoint."
             )
-        end_of_epoch = pending["end_of_epoch"]
-        epoch = pending["epoch"] + int(end_of_epoch)
+        end_of_epoch = pending.end_of_epoch
+        epoch = pending.epoch + int(end_of_epoch)
         for index, loader in enumerate(loaders):
-            _set_sampler_epoch(loader, epoch)
+            set_sampler_epoch(loader, epoch)
             if saved is not None:
-                _restore_loader(loader, saved[index], end_of_epoch)
-        if end_of_epoch and pending["rng"] is not None:
-            restore_rng_state(pending["rng"])
+                restore_loader(loader, saved[index], end_of_epoch)
+        if end_of_epoch and pending.rng is not None:
+            restore_rng_state(pending.rng)
 
     def _watch_worker_start(self, loaders: list[Any], what: str) -> None:
         """From the start of a training epoch or a validation run to its first batch (which a restored position's
@@ -500,85 +369,6 @@ class DataStateCheckpoint(Callback):
         if self._watchdog is None:
             self._watchdog = WorkerStartWatchdog(self.worker_start_timeout_s)
         self._watchdog.arm(what)
-
-
-_ORDER_FIXES = {
-    "sampler": (
-        "Give it a DistributedSampler, or leave Trainer(use_distributed_sampler=True) (the default) so that one is "
-        "put into its DataLoader: by Lightning under DDP, by DataStateCheckpoint on one process without a parallel "
-        "strategy."
-    ),
-    "shuffle": (
-        "Build it with shuffle={start.shuffle} (Lightning's own shuffles every training loader unless overfit_batches "
-        "is set)."
-    ),
-    "seed": (
-        "Seed it with {start.seed}: Lightning's DistributedSampler takes seed_everything's seed (0 without one), so "
-        "call seed_everything({start.seed}) (lightning-scale fit --seed_everything {start.seed})."
-    ),
-}
-"""Per difference between a loader's order and the checkpoint's (:func:`order_differences`), how to remove it."""
-
-
-def _is_stateful(loader: Any) -> bool:
-    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
-
-
-def _samplers(loader: Any) -> list[Any]:
-    found = []
-    for name in ("sampler", "batch_sampler"):
-        sampler = getattr(loader, name, None)
-        if sampler is not None:
-            found.append(sampler)
-            inner = getattr(sampler, "sampler", None)
-            if inner is not None:
-                found.append(inner)
-    return found
-
-
-def _generators(loader: Any) -> dict[str, torch.Generator]:
-    found = {}
-    if isinstance(getattr(loader, "generator", None), torch.Generator):
-        found["loader"] = loader.generator
-    for index, sampler in enumerate(_samplers(loader)):
-        if isinstance(getattr(sampler, "generator", None), torch.Generator):
-            found[f"sampler_{index}"] = sampler.generator
-    return found
-
-
-def _restore_generators(loader: Any, saved: dict[str, torch.Tensor]) -> None:
-    for name, generator in _generators(loader).items():
-        if name in saved:
-            generator.set_state(saved[name])
-
-
-def _restore_loader(loader: Any, saved: dict[str, Any], end_of_epoch: bool) -> None:
-    state = saved["state"]
-    if not end_of_epoch:
-        if state is not None and _is_stateful(loader):
-            loader.load_state_dict(state)
-        return
-    if state is not None and _is_stateful(loader) and getattr(loader, "persistent_workers", False):
-        # Persistent workers carry their RNG into the next epoch: restore them and mark the epoch finished, so
-        # that StatefulDataLoader starts the next epoch instead of yielding an exhausted iterator.
-        loader.load_state_dict({**state, _ITERATOR_FINISHED: True})
-    else:
-        _restore_generators(loader, saved["generators"])
-
-
-def _set_sampler_epoch(loader: Any, epoch: int) -> None:
-    for sampler in _samplers(loader):
-        if callable(getattr(sampler, "set_epoch", None)):
-            sampler.set_epoch(epoch)
-
-
-def _data_replicas(trainer: pl.Trainer | None) -> int:
-    """The ranks that read different batches (every process under DDP; one per model replica under tensor
-    parallelism), as the strategy tells Lightning's distributed sampler."""
-    if trainer is None:
-        return distributed.world_size()
-    kwargs = trainer.distributed_sampler_kwargs or {}
-    return int(kwargs.get("num_replicas", trainer.world_size))
 
 
 def _seed_everything_seed() -> int | None:

@@ -14,6 +14,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from examples.char_transformer import CharDataModule
 from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
 from lightning_scale.callbacks import data_state as data_state_module
+from lightning_scale.callbacks._data_state_format import RankDataState
 from lightning_scale.data import STUCK_WORKERS_EXIT_CODE, WorkerStartWatchdog
 from lightning_scale.data.elastic import EpochPosition
 from tests import fitting
@@ -82,7 +83,7 @@ def test_end_of_epoch_checkpoint_from_another_world_size_resumes_with_a_warning(
     callback = set_up_for_fit(DataStateCheckpoint())
     with pytest.warns(UserWarning, match=r"written by 2 processes with 1: the next epoch is split for 1"):
         callback.load_state_dict(state)
-    assert callback._pending == {"epoch": 3, "end_of_epoch": True, "loaders": None, "rng": None}
+    assert callback._pending == RankDataState(epoch=3, end_of_epoch=True)  # no loader or RNG state of 2 processes
 
 
 def test_unknown_state_version_is_refused():
@@ -462,3 +463,15 @@ def test_the_one_process_of_a_torchrun_job_draws_the_order_of_ddp_and_records_it
     checkpoint = torch.load(tmp_path / "one" / "epoch=0-step=6.ckpt", weights_only=False)
     position = checkpoint["callbacks"]["DataStateCheckpoint"]["ranks"][0]["positions"][0]
     assert (position["consumed"], position["shuffle"], position["seed"]) == (24, True, 0)
+
+
+def test_the_per_rank_state_round_trips_and_an_older_layout_reads_with_defaults():
+    loaders = [{"state": {"_num_yielded": 5}, "generators": {}}]
+    full = {"epoch": 2, "end_of_epoch": False, "batches_consumed": 5, "rng": {"python": 1}, "drawn_seed": 7,
+            "loaders": loaders, "positions": [None], "rest_start": None}  # fmt: skip
+    state = RankDataState.from_dict(full)
+    assert state.to_dict() == full and state.loaders is not None and state.loaders[0].state == {"_num_yielded": 5}
+    older = RankDataState.from_dict({"epoch": 1, "end_of_epoch": True, "loaders": [], "rng": None})  # no position yet
+    assert (older.batches_consumed, older.loaders, older.positions, older.rest_start, older.drawn_seed) == (
+        0, None, [], None, None
+    )  # fmt: skip
