@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
+import lightning.pytorch as pl
+
 from lightning_scale.errors import ConfigurationError
 
-__all__ = ["checked_every_n_minutes"]
+__all__ = ["checked_every_n_minutes", "default_dirpath", "name_in_dir"]
 
 
 def checked_every_n_minutes(
@@ -68,3 +70,13 @@ def checked_every_n_minutes(
     if filename is not None and "/" in filename:
         raise ConfigurationError(f"filename={filename!r} must not contain '/'; put directories into dirpath instead.")
     return every_n_minutes
+
+
+def name_in_dir(filepath: str) -> str:
+    """A checkpoint path's name inside ``dirpath``."""
+    return str(filepath).rstrip("/").rsplit("/", 1)[-1]
+
+
+def default_dirpath(trainer: pl.Trainer) -> str:
+    """``<default_root_dir>/checkpoints``: the same on every restart."""
+    return f"{str(trainer.default_root_dir).rstrip('/')}/checkpoints"

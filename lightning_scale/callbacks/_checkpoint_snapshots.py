@@ -12,7 +12,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -48,7 +48,7 @@ from lightning_scale.snapshot.slots import SLOTS, decode_meta, encode_meta, slot
 from lightning_scale.strategies.data_parallel import DataParallelStrategy
 from lightning_scale.strategies.pipeline_parallel import PipelineParallelStrategy
 
-__all__ = ["MemoryResume", "MemorySnapshots", "holds_rank_specific_state"]
+__all__ = ["MemoryResume", "MemorySnapshots", "holds_rank_specific_state", "memory_snapshots"]
 
 
 @dataclass(frozen=True)
@@ -353,3 +353,25 @@ def holds_rank_specific_state(strategy: object) -> bool:
     if not isinstance(strategy, DataParallelStrategy):
         return False
     return strategy.zero_stage > 0 or strategy.grad_compression == "powersgd"
+
+
+def memory_snapshots(
+    every_n_steps: int | Literal["auto"] | None, max_overhead: float, mtbi_hours: float | None, lineage: RunLineage
+) -> MemorySnapshots | None:
+    """The memory snapshots ``ResumableCheckpoint(snapshot_every_n_steps=..., snapshot_max_overhead=...)`` asks for
+    (``None``: off), its arguments checked."""
+    if every_n_steps is None:
+        return None
+    if every_n_steps != "auto" and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+        raise ConfigurationError(
+            f"snapshot_every_n_steps={every_n_steps!r} must be an integer >= 1, 'auto', or None for no memory "
+            "snapshots (--checkpoint.snapshot_every_n_steps)."
+        )
+    if not 0 < max_overhead < 1:
+        raise ConfigurationError(
+            f"snapshot_max_overhead={max_overhead} must be between 0 and 1, the share of step time that memory "
+            "snapshots may take (--checkpoint.snapshot_max_overhead 0.01)."
+        )
+    mtbf = None if mtbi_hours is None else mtbi_hours * 3600.0
+    cadence = SnapshotCadence(None if every_n_steps == "auto" else every_n_steps, max_overhead, mtbf)
+    return MemorySnapshots(cadence, lineage)

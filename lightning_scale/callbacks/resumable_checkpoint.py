@@ -25,12 +25,12 @@ from lightning_scale import distributed
 from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset, trainer_logs_this_step
 from lightning_scale._process_local import ProcessLocal
 from lightning_scale._trainer_attributes import trainer_callbacks
-from lightning_scale.callbacks._checkpoint_arguments import checked_every_n_minutes
+from lightning_scale.callbacks._checkpoint_arguments import checked_every_n_minutes, default_dirpath, name_in_dir
 from lightning_scale.callbacks._checkpoint_companions import add_companions
 from lightning_scale.callbacks._checkpoint_format import choose_format, local_cache
 from lightning_scale.callbacks._checkpoint_io import plugin_save_file
 from lightning_scale.callbacks._checkpoint_lineage import RunLineage, reported
-from lightning_scale.callbacks._checkpoint_snapshots import MemoryResume, MemorySnapshots
+from lightning_scale.callbacks._checkpoint_snapshots import MemoryResume, memory_snapshots
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.hang_watchdog import HangWatchdog
@@ -50,25 +50,12 @@ __all__ = ["ResumableCheckpoint"]
 class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     """Checkpoints that are atomic, validated on resume, pruned safely and resumed automatically.
 
-    A subclass of Lightning's ``ModelCheckpoint`` (its arguments keep their meaning; the README's "Differences from
-    the stock classes" lists what differs). On top of it, each detailed in the README's "Checkpoints" section:
-
-    - **triggers**: every ``every_n_train_steps`` and/or ``every_n_minutes`` of wall time (a vote of all ranks, read
-      a step later on several processes so that no step waits for it: all ranks save at the same step), or
-      ``every_n_minutes="auto"``: the Young/Daly interval ``sqrt(2 C M)`` for the measured save time
-      ``C`` and ``mean_time_between_interruptions_hours`` ``M``, logged as ``checkpoint/interval_minutes`` with
-      ``checkpoint/save_seconds``;
-    - **asynchronous** (``async_save``; training waits for a host-memory copy) and **sharded** (``sharded``; every
-      rank writes its part through ``torch.distributed.checkpoint``) saves;
-    - **atomic and validated**: renamed into place, then vouched for by ``<name>.manifest.json`` (sizes, sha256);
-    - **retention and generations**: the ``keep_last_k`` newest of this run; a fit behind newer checkpoints keeps
-      them and writes a generation that the next resume prefers;
-    - **storage** (a path or any fsspec URL), **auto-resume** (``fit`` without ``ckpt_path`` resumes from the newest
-      valid checkpoint) and **full state** (a :class:`DataStateCheckpoint` adds every rank's data and RNG state);
-    - **memory snapshots**: the same state, each rank's own, copied into node-local shared memory (``/dev/shm``) as
-      often as ``snapshot_max_overhead`` allows (every step for a small state); a restarted job resumes from the
-      newest step every rank can load from memory when it is at least as new as the durable checkpoint, and
-      finished training removes them. Under ``ddp``, ``data_parallel`` and on one device.
+    A subclass of Lightning's ``ModelCheckpoint`` (its arguments keep their meaning; the documentation's
+    "Differences from the stock classes" lists what differs), with step and time triggers (the Young/Daly interval
+    with ``every_n_minutes="auto"``), asynchronous and sharded saves, atomic files vouched for by a manifest,
+    retention and generations, any fsspec URL, auto-resume of the full state (a :class:`DataStateCheckpoint` adds
+    every rank's data and RNG state), memory snapshots in node-local shared memory for the fastest restarts, and the
+    run's journal for ``lightning-scale report``. The documentation's ResumableCheckpoint page details each.
 
     Args:
         dirpath: Directory or fsspec URL for checkpoints. Default: ``<default_root_dir>/checkpoints``, the same on
@@ -178,7 +165,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.snapshot_max_overhead = snapshot_max_overhead
         self._lineage = RunLineage()
-        self._snapshots = _memory_snapshots(
+        self._snapshots = memory_snapshots(
             snapshot_every_n_steps, snapshot_max_overhead, mean_time_between_interruptions_hours, self._lineage
         )
         self._trainer: pl.Trainer | None = None
@@ -224,7 +211,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
-            self.dirpath = _default_dirpath(trainer)
+            self.dirpath = default_dirpath(trainer)
         fmt = choose_format(trainer.strategy, self.sharded, self.async_save, str(self.dirpath), stage == "fit")
         cache = None
         if stage == "fit":  # before ModelCheckpoint lists the directory, so that every rank fails alike
@@ -355,7 +342,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         """
         self._saving.finish()
         latest = self._last_checkpoint_saved
-        latest_failed = distributed.any_rank(bool(latest) and _name_in_dir(latest) in self._failed)
+        latest_failed = distributed.any_rank(bool(latest) and name_in_dir(latest) in self._failed)
         if self._last_global_step_saved == trainer.global_step and latest and not latest_failed:
             return latest
         filepath = self._get_metric_interpolated_filepath_name(self._monitor_candidates(trainer), trainer)
@@ -367,7 +354,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             self._saving.forget_staged()
         return filepath
 
-    def release_memory_snapshots(self, trainer: pl.Trainer) -> None:
+    def releasememory_snapshots(self, trainer: pl.Trainer) -> None:
         """Remove the job's memory snapshots from every node; call on every rank once its newest state is durable (a
         preemption's checkpoint): the job is leaving these machines, and one that stays up gets its memory back."""
         if self._snapshots is not None:
@@ -384,7 +371,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         started = self._clock()
         request = SaveRequest(
-            name=_name_in_dir(filepath),
+            name=name_in_dir(filepath),
             step=trainer.global_step,
             state=lambda: dump_checkpoint(trainer, self.save_weights_only),  # on every rank
             fields=lambda checkpoint: self._lineage.manifest_fields(trainer, checkpoint),
@@ -418,13 +405,13 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     def _retain(self) -> None:
         """On the writing rank, once a checkpoint landed: keep the ``keep_last_k`` newest of this run."""
         if self.keep_last_k is not None and self.monitor is None and self.save_top_k != -1:
-            last = _name_in_dir(self.last_model_path) if self.last_model_path else None
+            last = name_in_dir(self.last_model_path) if self.last_model_path else None
             self._lineage.retain(self._saving.files.remove, self.keep_last_k, last)
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         if trainer.is_global_zero:
-            self._saving.files.remove(_name_in_dir(filepath))
+            self._saving.files.remove(name_in_dir(filepath))
 
     @override
     def _save_none_monitor_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
@@ -435,7 +422,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
 
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
-        choice = reported(choose_resume(CheckpointStore(str(self.dirpath or _default_dirpath(trainer)))))
+        choice = reported(choose_resume(CheckpointStore(str(self.dirpath or default_dirpath(trainer)))))
         return set() if choice.path is None else {choice.path}
 
     @override
@@ -453,31 +440,3 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         check_state_version(state_dict, "ResumableCheckpoint")
         super().load_state_dict(state_dict)
         self._lineage.load_state_dict(state_dict)
-
-
-def _memory_snapshots(
-    every_n_steps: int | Literal["auto"] | None, max_overhead: float, mtbi_hours: float | None, lineage: RunLineage
-) -> MemorySnapshots | None:
-    if every_n_steps is None:
-        return None
-    if every_n_steps != "auto" and (not isinstance(every_n_steps, int) or every_n_steps < 1):
-        raise ConfigurationError(
-            f"snapshot_every_n_steps={every_n_steps!r} must be an integer >= 1, 'auto', or None for no memory "
-            "snapshots (--checkpoint.snapshot_every_n_steps)."
-        )
-    if not 0 < max_overhead < 1:
-        raise ConfigurationError(
-            f"snapshot_max_overhead={max_overhead} must be between 0 and 1, the share of step time that memory "
-            "snapshots may take (--checkpoint.snapshot_max_overhead 0.01)."
-        )
-    mtbf = None if mtbi_hours is None else mtbi_hours * 3600.0
-    cadence = SnapshotCadence(None if every_n_steps == "auto" else every_n_steps, max_overhead, mtbf)
-    return MemorySnapshots(cadence, lineage)
-
-
-def _name_in_dir(filepath: str) -> str:
-    return str(filepath).rstrip("/").rsplit("/", 1)[-1]
-
-
-def _default_dirpath(trainer: pl.Trainer) -> str:
-    return f"{str(trainer.default_root_dir).rstrip('/')}/checkpoints"

@@ -1,4 +1,5 @@
-"""The only module in lightning-scale that calls ``torch.distributed`` collectives.
+"""The only package in lightning-scale that calls ``torch.distributed`` collectives (gloo's ring of sends and receives
+in :mod:`lightning_scale.distributed.ring`).
 
 Every function is a no-op at world size 1 and raises :class:`DistributedNotInitializedError` when the environment
 says the job has several processes (``WORLD_SIZE`` > 1) but no process group exists, instead of silently acting as
@@ -8,31 +9,42 @@ if this rank were alone. Cross-rank decisions are named votes: :func:`any_rank`,
 
 from __future__ import annotations
 
-import gc
-import os
-import queue
-import threading
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from lightning_scale._torch_internals import set_process_group_timeout
+from lightning_scale.distributed.groups import (
+    DistributedNotInitializedError,
+    coordination_store,
+    destroy_group,
+    destroy_process_group,
+    device_mesh,
+    group_ready,
+    has_process_group,
+    init_process_group_per_attempt,
+    new_group,
+    set_timeout,
+)
+from lightning_scale.distributed.ring import gloo_ring, ring_all_gather, ring_reduce_scatter
 from lightning_scale.errors import UsageError
 
 __all__ = [
     "DistributedNotInitializedError",
     "RankFailedError",
+    "RankFailedUsageError",
     "all_gather_object",
     "all_gather_stacked",
+    "all_gather_start",
     "all_ranks",
     "all_reduce_mean_",
     "all_reduce_sum_",
     "any_rank",
     "any_rank_each",
+    "any_rank_each_start",
     "barrier",
+    "broadcast_",
     "broadcast_object",
     "coordination_store",
     "destroy_group",
@@ -40,6 +52,7 @@ __all__ = [
     "device_mesh",
     "gather_object",
     "global_rank_in",
+    "has_process_group",
     "init_process_group_per_attempt",
     "new_group",
     "on_every_rank",
@@ -47,18 +60,16 @@ __all__ = [
     "rank",
     "receive_blobs",
     "receive_into",
+    "reduce_scatter_start",
     "send_blobs",
     "send_tensor",
     "send_to_others",
+    "set_timeout",
     "start_receive",
     "world_size",
 ]
 
 T = TypeVar("T")
-
-
-class DistributedNotInitializedError(RuntimeError):
-    """The job runs several processes but this one has no ``torch.distributed`` process group."""
 
 
 class RankFailedError(RuntimeError):
@@ -69,37 +80,14 @@ class RankFailedUsageError(RankFailedError, UsageError):
     """A :class:`RankFailedError` whose failure was a usage error on that rank."""
 
 
-def _group_ready() -> bool:
-    if dist.is_available() and dist.is_initialized():
-        return True
-    env_world = int(os.environ.get("WORLD_SIZE", "1"))
-    if env_world > 1:
-        raise DistributedNotInitializedError(
-            f"WORLD_SIZE={env_world} but torch.distributed has no process group in this process; "
-            "collectives must run after the Trainer has set up its strategy (e.g. in `setup` or later hooks)."
-        )
-    return False
-
-
-def has_process_group() -> bool:
-    """Whether this process has a default process group."""
-    return dist.is_available() and dist.is_initialized()
-
-
-def set_timeout(seconds: float) -> None:
-    """Let this rank's collectives in the default group wait up to ``seconds`` from now on (this rank's side of the
-    group: no collective)."""
-    set_process_group_timeout(timedelta(seconds=seconds))
-
-
 def world_size() -> int:
     """Number of processes in the default group (1 without a process group)."""
-    return dist.get_world_size() if _group_ready() else 1
+    return dist.get_world_size() if group_ready() else 1
 
 
 def rank() -> int:
     """This process's global rank (0 without a process group)."""
-    return dist.get_rank() if _group_ready() else 0
+    return dist.get_rank() if group_ready() else 0
 
 
 def _vote_tensor(*values: int) -> torch.Tensor:
@@ -116,7 +104,7 @@ def any_rank(flag: bool) -> bool:
 
 def any_rank_each(flags: Sequence[bool]) -> list[bool]:
     """For each position, true on every rank when that flag is true on at least one rank: one collective for all."""
-    if not _group_ready() or dist.get_world_size() == 1:
+    if not group_ready() or dist.get_world_size() == 1:
         return [bool(flag) for flag in flags]
     votes = _vote_tensor(*(int(bool(flag)) for flag in flags))
     dist.all_reduce(votes, op=dist.ReduceOp.MAX)
@@ -126,7 +114,7 @@ def any_rank_each(flags: Sequence[bool]) -> list[bool]:
 def any_rank_each_start(flags: Sequence[bool]) -> Callable[[], list[bool]]:
     """:func:`any_rank_each` without waiting for it: returns the function that waits and gives the answers (every
     rank must start it at the same point of its sequence of collectives)."""
-    if not _group_ready() or dist.get_world_size() == 1:
+    if not group_ready() or dist.get_world_size() == 1:
         alone = [bool(flag) for flag in flags]
         return lambda: alone
     votes = _vote_tensor(*(int(bool(flag)) for flag in flags))
@@ -142,7 +130,7 @@ def any_rank_each_start(flags: Sequence[bool]) -> Callable[[], list[bool]]:
 
 def all_ranks(flag: bool) -> bool:
     """True on every rank when ``flag`` is true on all ranks."""
-    if not _group_ready() or dist.get_world_size() == 1:
+    if not group_ready() or dist.get_world_size() == 1:
         return bool(flag)
     vote = _vote_tensor(int(bool(flag)))
     dist.all_reduce(vote, op=dist.ReduceOp.MIN)
@@ -151,7 +139,7 @@ def all_ranks(flag: bool) -> bool:
 
 def all_gather_object(obj: T, group: Any = None) -> list[T]:
     """Every rank's ``obj``, indexed by rank in ``group`` (default: all ranks), on every rank of it."""
-    if not _group_ready() or dist.get_world_size(group) == 1:
+    if not group_ready() or dist.get_world_size(group) == 1:
         return [obj]
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, obj, group=group)
@@ -160,7 +148,7 @@ def all_gather_object(obj: T, group: Any = None) -> list[T]:
 
 def all_gather_stacked(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Every rank's ``tensor`` (the same shape on each), stacked in rank order along a new first dimension."""
-    if not _group_ready() or dist.get_world_size(group) == 1:
+    if not group_ready() or dist.get_world_size(group) == 1:
         return tensor.unsqueeze(0)
     gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, tensor.contiguous(), group=group)
@@ -169,7 +157,7 @@ def all_gather_stacked(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
 
 def gather_object(obj: T, dst: int = 0) -> list[T] | None:
     """Every rank's ``obj``, indexed by rank, on rank ``dst``; ``None`` on the other ranks."""
-    if not _group_ready() or dist.get_world_size() == 1:
+    if not group_ready() or dist.get_world_size() == 1:
         return [obj]
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
     dist.gather_object(obj, gathered, dst=dst)
@@ -178,7 +166,7 @@ def gather_object(obj: T, dst: int = 0) -> list[T] | None:
 
 def broadcast_object(obj: T, src: int = 0, group: Any = None) -> T:
     """Global rank ``src``'s ``obj`` on every rank of ``group`` (default: all ranks)."""
-    if not _group_ready() or dist.get_world_size(group) == 1:
+    if not group_ready() or dist.get_world_size(group) == 1:
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src, group=group)
@@ -191,7 +179,7 @@ def send_to_others(tensor: torch.Tensor, group: Any = None, tag: int = 0) -> lis
     Unlike a broadcast, the sender goes on at once; each receiver takes it with :func:`start_receive`. With gloo a send
     completes when its receiver has posted the receive: ``wait()`` the returned handles before sending again.
     """
-    if not (_group_ready() and dist.get_world_size(group) > 1):
+    if not (group_ready() and dist.get_world_size(group) > 1):
         return []
     me = dist.get_rank()
     return [
@@ -203,22 +191,15 @@ def start_receive(tensor: torch.Tensor, src: int, group: Any = None, tag: int = 
     """Post the receive of what global rank ``src`` sends with :func:`send_to_others` into ``tensor`` (in place) and
     return without waiting: ``wait()`` the returned handles. Posted early, the transfer completes while this rank
     still computes, and neither side waits for the other."""
-    if not (_group_ready() and dist.get_world_size(group) > 1):
+    if not (group_ready() and dist.get_world_size(group) > 1):
         return []
     return [dist.irecv(tensor, src=src, group=group, tag=tag)]
-
-
-def coordination_store(host: str, port: int, serve: bool, timeout_s: float, prefix: str = "") -> Any:
-    """A TCP key-value store for processes that hold no process group (each rank's warm-restart parent): the server
-    on this process when ``serve``, a client otherwise; its keys under ``prefix``. No collective runs on it."""
-    store = dist.TCPStore(host, port, is_master=serve, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
-    return dist.PrefixStore(prefix, store) if prefix else store
 
 
 def send_blobs(blobs: Sequence[torch.Tensor], dst: int, group: Any = None) -> None:
     """Send flat ``uint8`` CPU tensors to global rank ``dst`` (blocking), which takes them with :func:`receive_blobs`;
     ``group`` must be able to send CPU tensors (gloo)."""
-    if not (_group_ready() and dist.get_world_size(group) > 1):
+    if not (group_ready() and dist.get_world_size(group) > 1):
         raise RuntimeError("send_blobs needs a process group of more than one rank")
     dist.send(torch.tensor([blob.numel() for blob in blobs], dtype=torch.int64), dst, group=group)
     for blob in blobs:
@@ -228,7 +209,7 @@ def send_blobs(blobs: Sequence[torch.Tensor], dst: int, group: Any = None) -> No
 
 def receive_blobs(count: int, src: int, group: Any = None) -> list[torch.Tensor]:
     """The ``count`` tensors global rank ``src`` sends with :func:`send_blobs`."""
-    if not (_group_ready() and dist.get_world_size(group) > 1):
+    if not (group_ready() and dist.get_world_size(group) > 1):
         raise RuntimeError("receive_blobs needs a process group of more than one rank")
     sizes = torch.empty(count, dtype=torch.int64)
     dist.recv(sizes, src, group=group)
@@ -252,14 +233,14 @@ def receive_into(tensor: torch.Tensor, src: int, group: Any) -> None:
 
 def all_reduce_sum_(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Sum ``tensor`` over the ranks of ``group``, in place; returns it."""
-    if _group_ready() and dist.get_world_size(group) > 1:
+    if group_ready() and dist.get_world_size(group) > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor
 
 
 def all_reduce_mean_(tensors: list[torch.Tensor], group: Any = None) -> None:
     """Average each tensor over the ranks of ``group``, in place."""
-    if not _group_ready() or dist.get_world_size(group) == 1:
+    if not group_ready() or dist.get_world_size(group) == 1:
         return
     size = dist.get_world_size(group)
     for tensor in tensors:
@@ -275,110 +256,30 @@ def reduce_scatter_start(output: torch.Tensor, input: torch.Tensor, group: Any =
     all-reduce of the whole (2 processes, 50 MB: 50 and 42 ms against 31 ms), so on gloo a ring of sends and receives
     runs them on a background thread, in launch order (16 ms per 50 MB on 2 processes).
     """
-    if not _group_ready() or dist.get_world_size(group) == 1:
+    if not group_ready() or dist.get_world_size(group) == 1:
         output.copy_(input)
         return None
     if dist.get_backend(group) != "gloo":
         return dist.reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=group, async_op=True)
-    return _ring().submit(_ring_reduce_scatter, output, input, group)
+    return gloo_ring().submit(ring_reduce_scatter, output, input, group)
 
 
 def all_gather_start(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> Any:
     """Start gathering every rank's ``input`` into ``output``, in rank order; returns the work to ``wait()`` on
     (``None``: done, at world size 1). On gloo, a ring of sends and receives (see :func:`reduce_scatter_start`)."""
-    if not _group_ready() or dist.get_world_size(group) == 1:
+    if not group_ready() or dist.get_world_size(group) == 1:
         output.copy_(input)
         return None
     if dist.get_backend(group) != "gloo":
         # torch 2.13 renamed all_gather_into_tensor (deprecated there) all_gather_single
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         return gather(output, input, group=group, async_op=True)
-    return _ring().submit(_ring_all_gather, output, input, group)
-
-
-def _ring_neighbours(group: Any) -> tuple[int, int, int, int]:
-    size, me = dist.get_world_size(group), dist.get_rank(group)
-    after, before = (me + 1) % size, (me - 1) % size
-    if group is None:
-        return size, me, after, before
-    return size, me, dist.get_global_rank(group, after), dist.get_global_rank(group, before)
-
-
-def _ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any) -> None:
-    size, me, after, before = _ring_neighbours(group)
-    segments = input.view(size, -1)
-    incoming = torch.empty_like(segments[0])
-    # step k: pass on the partial sum of segment me-k-1, add the one of segment me-k-2 received from before
-    for k in range(size - 1):
-        sent = dist.isend(segments[(me - k - 1) % size], after, group=group)
-        dist.recv(incoming, before, group=group)
-        segments[(me - k - 2) % size].add_(incoming)
-        sent.wait()  # type: ignore[union-attr]  # isend returns its work
-    output.copy_(segments[me])
-
-
-def _ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: Any) -> None:
-    size, me, after, before = _ring_neighbours(group)
-    segments = output.view(size, -1)
-    segments[me].copy_(input)
-    # step k: pass on segment me-k, receive segment me-k-1 from before
-    for k in range(size - 1):
-        sent = dist.isend(segments[(me - k) % size], after, group=group)
-        dist.recv(segments[(me - k - 1) % size], before, group=group)
-        sent.wait()  # type: ignore[union-attr]  # isend returns its work
-
-
-class _Pending:
-    """The work of a ring collective running on the ring's thread."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-
-    def finish(self, error: BaseException | None) -> None:
-        self._error = error
-        self._done.set()
-
-    def wait(self) -> None:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-
-
-class _Ring:
-    """One daemon thread that runs ring collectives one after another, in the order they were started."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[_Pending, Callable[..., None], tuple[Any, ...]]] = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="lightning-scale-ring", daemon=True).start()
-
-    def submit(self, fn: Callable[..., None], *args: Any) -> _Pending:
-        pending = _Pending()
-        self._queue.put((pending, fn, args))
-        return pending
-
-    def _run(self) -> None:
-        while True:
-            pending, fn, args = self._queue.get()
-            try:
-                fn(*args)
-                pending.finish(None)
-            except BaseException as err:  # handed to the waiting thread
-                pending.finish(err)
-
-
-_RING: list[_Ring] = []
-
-
-def _ring() -> _Ring:
-    if not _RING:
-        _RING.append(_Ring())
-    return _RING[0]
+    return gloo_ring().submit(ring_all_gather, output, input, group)
 
 
 def broadcast_(tensors: Sequence[torch.Tensor], src: int = 0, group: Any = None) -> None:
     """Overwrite each tensor with rank ``src``'s, in place: one broadcast per dtype and device."""
-    if not _group_ready() or dist.get_world_size(group) == 1:
+    if not group_ready() or dist.get_world_size(group) == 1:
         return
     kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for tensor in tensors:
@@ -391,56 +292,15 @@ def broadcast_(tensors: Sequence[torch.Tensor], src: int = 0, group: Any = None)
                 tensor.copy_(values.view_as(tensor))
 
 
-def device_mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
-    """A ``DeviceMesh`` over all ranks (every rank must call this, in the same order)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
-
-
 def global_rank_in(group: Any, group_rank: int) -> int:
     """The global rank of ``group``'s member number ``group_rank``."""
-    return dist.get_global_rank(group, group_rank) if _group_ready() else group_rank
+    return dist.get_global_rank(group, group_rank) if group_ready() else group_rank
 
 
 def barrier() -> None:
     """Wait until every rank reaches this call."""
-    if _group_ready() and dist.get_world_size() > 1:
+    if group_ready() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def new_group(backend: str = "gloo") -> Any:
-    """A second process group over all ranks (``None`` at world size 1), for collectives that run on another thread
-    while training uses the default one; call on every rank, in the same order."""
-    if not _group_ready() or dist.get_world_size() == 1:
-        return None
-    return dist.new_group(backend=backend)
-
-
-def destroy_group(group: Any) -> None:
-    """Tear down a group made by :func:`new_group` (``None``: nothing to do)."""
-    if group is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group(group)
-
-
-def destroy_process_group(process_ends: bool = False) -> None:
-    """Tear down every process group, if any, and collect the garbage that still refers to them, before the process
-    exits; call it once the trainer is out of scope.
-
-    A gloo group, or its pending work holding tensors, destroyed during interpreter shutdown can abort the process
-    ("terminate called without an active exception"), turning a finished job into exit code -6 for its launcher.
-    Lightning's trainer, strategy and callbacks refer to each other, so only the cycle collector frees them (and the
-    device meshes, pipeline stages and work they hold): run here, it frees them while the interpreter is whole.
-
-    With ``process_ends`` (the caller returns to the interpreter's exit next), what is still alive is frozen out of
-    the collector (``gc.freeze``): the interpreter's final collection skips it, which saves about 1 s of CPU per
-    process of a Lightning job.
-    """
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-    gc.collect()
-    if process_ends:
-        gc.freeze()
 
 
 def _failure(err: Exception) -> tuple[str, bool]:
@@ -486,29 +346,3 @@ def on_every_rank(fn: Callable[[], T], group: Any = None) -> T:
     if failed:
         raise _rank_failed("; ".join(message for message, _ in failed), any(usage for _, usage in failed)) from error
     return value
-
-
-def init_process_group_per_attempt(backend: str, rank: int, world_size: int, timeout: timedelta | None) -> bool:
-    """Under torchrun, create the default group with keys of its own for each restart; False when not applicable.
-
-    torchrun shares its rendezvous store with the workers (unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), and that
-    store outlives a restart: restarted workers then read the previous attempt's gloo/nccl addresses and fail
-    ("connectFullMesh failed ... Connection refused"). A prefix per restart keeps each attempt's keys apart. Single
-    node only: across nodes the restart counts differ, so multi-node jobs set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``.
-    ``timeout=None`` (a strategy's ``timeout=None``) keeps torch's default timeouts for the store and the group.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or (dist.is_available() and dist.is_initialized()):
-        return False
-    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
-        # Each agent counts its own restarts (an agent restarted because another node failed does not count), so
-        # the count is no common key across nodes: multi-node jobs need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
-        return False
-    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    if timeout is None:
-        store = dist.TCPStore(address, port, world_size, is_master=False)
-    else:
-        store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    prefixed = dist.PrefixStore(f"lightning_scale/attempt_{attempt}", store)
-    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)
-    return True
