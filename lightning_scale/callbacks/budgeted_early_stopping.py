@@ -66,7 +66,7 @@ class BudgetedEarlyStopping(EarlyStopping):
     Without a cost criterion (``max_cost_usd``, ``max_hours``, ``min_improvement_per_usd``) it is ``EarlyStopping``
     and needs no :class:`CostTracker`.
 
-    Example:
+    Examples:
         >>> from lightning.pytorch import Trainer
         >>> from lightning_scale.callbacks import CostTracker
         >>> stopper = BudgetedEarlyStopping(monitor="val_loss", max_cost_usd=250.0, min_improvement_per_usd=1e-4)

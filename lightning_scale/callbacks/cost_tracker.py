@@ -68,7 +68,7 @@ class CostTracker(Callback):
         rightsizing: Print and log the right-sizing report at the end of fit.
         clock: Wall-clock seconds (default ``time.time``), injectable for tests; must agree across processes.
 
-    Example:
+    Examples:
         >>> from lightning.pytorch import Trainer
         >>> tracker = CostTracker(provider="gcp", instance_type="g2-standard-4", spot=True)
         >>> trainer = Trainer(callbacks=[tracker], logger=False, enable_progress_bar=False)

@@ -115,7 +115,7 @@ class DataStateCheckpoint(Callback):
         keep_global_batch: On a resume, set ``Trainer.accumulate_grad_batches`` so that an optimizer step takes as
             many samples as in the run that wrote the checkpoint, whatever the number of processes now.
 
-    Example:
+    Examples:
         >>> from lightning.pytorch import Trainer
         >>> trainer = Trainer(callbacks=[DataStateCheckpoint()], logger=False, enable_progress_bar=False)
     """

@@ -45,7 +45,7 @@ class DivergenceRollback(Callback):
         window: Recent losses kept for the median (>= 2); spikes are checked once half of it is filled.
         max_rollbacks: Rollbacks allowed before a divergence stops the run (>= 0).
 
-    Example:
+    Examples:
         >>> from lightning.pytorch import Trainer
         >>> from lightning_scale.callbacks import ResumableCheckpoint
         >>> callbacks = [ResumableCheckpoint(dirpath="memory://run", every_n_train_steps=100), DivergenceRollback()]

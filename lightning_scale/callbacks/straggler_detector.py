@@ -50,7 +50,7 @@ class StragglerDetector(Callback):
         factor: A rank is slow in a window when its busy time is this many times the others' median.
         patience: Consecutive slow windows before it is named.
 
-    Example:
+    Examples:
         >>> from lightning.pytorch import Trainer
         >>> trainer = Trainer(callbacks=[StragglerDetector(factor=1.5)], logger=False, enable_progress_bar=False)
     """

@@ -26,7 +26,7 @@ class WandbResume(Callback):
     Offline, each attempt writes its own directory under the same run id: ``wandb sync`` them in order.
     :class:`ResumableCheckpoint` adds this callback when the Trainer has a ``WandbLogger``.
 
-    Example:
+    Examples:
         >>> from lightning.pytorch import Trainer
         >>> from lightning.pytorch.loggers import WandbLogger
         >>> from lightning_scale.callbacks import ResumableCheckpoint

@@ -30,7 +30,7 @@ def host_copy(obj: T, buffers: dict[int, torch.Tensor] | None = None) -> T:
     ``buffers`` (``{position: tensor}``, updated here) are host tensors of an earlier copy to copy into where shape
     and dtype match: no fresh allocation, no page faults on first touch.
 
-    Example:
+    Examples:
         >>> weight = torch.ones(2)
         >>> snapshot = host_copy({"w": weight, "same": weight, "step": 3})
         >>> weight.add_(1)
@@ -78,7 +78,7 @@ class HostStager:
 
     Reuse is safe only once the previous copy was written: stage the next state after the writer finished.
 
-    Example:
+    Examples:
         >>> stager, weight = HostStager(), torch.zeros(3)
         >>> first = stager.copy({"w": weight})["w"]
         >>> second = stager.copy({"w": weight.add_(1)})["w"]
@@ -107,7 +107,7 @@ class WriteResult:
 class BackgroundWriter:
     """Runs write jobs one after another on a single daemon thread; the caller collects their outcome.
 
-    Example:
+    Examples:
         >>> writer = BackgroundWriter()
         >>> writer.submit(lambda: None, "fine")
         >>> writer.submit(lambda: 1 / 0, "broken")

@@ -35,7 +35,7 @@ class AutoCadence:
         initial_save_seconds: Assumed save cost until the first save is measured.
         window: Saves whose median cost is used (a slow outlier does not swing the interval).
 
-    Example:
+    Examples:
         >>> cadence = AutoCadence(mtbi_seconds=7200, initial_save_seconds=10)
         >>> round(cadence.interval_seconds())
         379
@@ -69,7 +69,7 @@ class SaveTimer:
     """When a save is due by wall time: ``every_n_minutes`` after the last one, or with ``"auto"`` at the
     :class:`AutoCadence` interval for ``mtbi_hours``, fed with each save's blocked time.
 
-    Example:
+    Examples:
         >>> now = [0.0]
         >>> timer = SaveTimer(every_n_minutes=1, mtbi_hours=None, clock=lambda: now[0])
         >>> now[0] = 59.0; timer.due()

@@ -84,7 +84,7 @@ class RunJournal:
         store: The checkpoint directory.
         rank: The global rank that writes through this journal.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> journal = RunJournal(CheckpointStore(tempfile.mkdtemp()))
         >>> journal.record("start", step=0, world_size=2)

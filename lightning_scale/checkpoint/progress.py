@@ -32,7 +32,7 @@ class ProgressMarker:
         every_seconds: Shortest time between two writes (default: ``knobs.PROGRESS_EVERY_S``).
         clock: Monotonic seconds, for the throttle.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> marker = ProgressMarker(CheckpointStore(tempfile.mkdtemp()), every_seconds=60)
         >>> marker.last_step() is None
@@ -99,7 +99,7 @@ class ResumeInfo:
     def banner(self, cost_line: str | None = None) -> str:
         """The lines printed when training starts again.
 
-        Example:
+        Examples:
             >>> print(ResumeInfo("ckpts/epoch=0-step=40.ckpt", 40, 0, 12.0, 52).banner("Cost so far: $0.01."))
             Auto-resuming from ckpts/epoch=0-step=40.ckpt (global step 40, epoch 0, written 12.0 s ago).
               Steps lost: 12 (the previous attempt reached step 52).

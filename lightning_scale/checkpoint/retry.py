@@ -31,7 +31,7 @@ def is_transient(error: BaseException) -> bool:
     """Whether another attempt may succeed: connection failures and timeouts (builtin, or a client library's class
     named like ``EndpointConnectionError``/``ReadTimeoutError``), and ``OSError`` without a permanent errno.
 
-    Example:
+    Examples:
         >>> is_transient(ConnectionResetError()), is_transient(OSError(errno.ENOSPC, "No space left on device"))
         (True, False)
     """
@@ -55,7 +55,7 @@ def with_retries(
 
     Defaults come from :data:`knobs.STORAGE_ATTEMPTS` and :data:`knobs.STORAGE_BACKOFF_S`.
 
-    Example:
+    Examples:
         >>> calls = []
         >>> def flaky():
         ...     calls.append(1)

@@ -53,7 +53,7 @@ class CheckpointStore:
     Args:
         dirpath: Local directory or fsspec URL of the checkpoint directory.
 
-    Example:
+    Examples:
         >>> store = CheckpointStore("memory://example-store")
         >>> store.write_bytes("a.txt", b"hello")
         >>> store.read_bytes("a.txt")

@@ -22,7 +22,7 @@ def upload_checkpoint(source: CheckpointStore, target: CheckpointStore, name: st
     """Copy checkpoint ``name`` (a file or a sharded directory) from the local store ``source`` to ``target``, and
     publish its manifest there; returns it. Raises ``OSError`` (the target keeps what it had) when a copy fails.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from lightning_scale.checkpoint.manifest import publish_checkpoint
         >>> local = CheckpointStore(tempfile.mkdtemp())

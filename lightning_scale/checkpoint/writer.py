@@ -45,7 +45,7 @@ class CheckpointWriter:
             ``CheckpointIO`` plugin); ``None`` streams ``torch.save`` into it. Either way the file is then made
             durable, hashed into its manifest and published.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> writer = CheckpointWriter(CheckpointStore(tempfile.mkdtemp()), cache=None, retain=lambda: None)
         >>> fields = dict(global_step=1, epoch=0, run_id="r", generation=0, world_size=1, tensor_shapes={})

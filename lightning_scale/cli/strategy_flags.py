@@ -22,7 +22,7 @@ def strategy_names_as_class_paths(argv: list[str]) -> list[str]:
     ``--config`` file) given as their class paths where ``--trainer.strategy.<arg>`` flags follow: jsonargparse takes
     those after a class path only. The registered names take no arguments, so both forms build one strategy.
 
-    Example:
+    Examples:
         >>> strategy_names_as_class_paths(["--trainer.strategy", "data_parallel", "--trainer.strategy.zero_stage=1"])
         ['--trainer.strategy', 'lightning_scale.strategies.DataParallelStrategy', '--trainer.strategy.zero_stage=1']
     """

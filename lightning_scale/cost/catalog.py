@@ -67,7 +67,7 @@ class PriceCatalog:
     on AWS, GCP and Azure in one region each; prices differ by region, change over time and rarely match a
     negotiated contract, so every row says where and when it was published. Pass your own CSV for your prices.
 
-    Example:
+    Examples:
         >>> catalog = PriceCatalog.shipped()
         >>> catalog.lookup("aws", "p4d.24xlarge").accelerator_count
         8

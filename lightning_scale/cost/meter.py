@@ -53,7 +53,7 @@ class CostMeter:
         max_restart_gap_seconds: Longest restart gap that is billed.
         rate_window_steps: Steps of recent history used for the projected total.
 
-    Example:
+    Examples:
         >>> now = [0.0]
         >>> meter = CostMeter(usd_per_hour=8.0, clock=lambda: now[0])
         >>> meter.start()

@@ -77,7 +77,7 @@ def epoch_position(
     """The position after ``batches`` batches per rank of ``epoch``, drawn through ``sampler`` (``max_batches``: the
     epoch's batches per rank, as the training loop counts them).
 
-    Example:
+    Examples:
         >>> sampler = DistributedSampler(range(10), num_replicas=2, rank=0, seed=3)
         >>> position = epoch_position(sampler, epoch=0, batches=2, max_batches=3, batch_size=2, drop_last=False,
         ...                           accumulate_grad_batches=1)
@@ -107,7 +107,7 @@ def order_differences(sampler: Any, start: EpochPosition) -> dict[str, str]:
     sampler), ``"shuffle"`` or ``"seed"``, each with the values seen on both sides (empty: it draws that order, given
     the same dataset).
 
-    Example:
+    Examples:
         >>> start = EpochPosition(epoch=0, consumed=8, end=18, batch_size=2, drop_last=False, samples_per_step=4,
         ...                       shuffle=True, seed=0)
         >>> order_differences(DistributedSampler(range(18), num_replicas=1, rank=0, seed=7), start)
@@ -128,7 +128,7 @@ def global_order(sampler: DistributedSampler, epoch: int) -> list[int]:
     """``epoch``'s order of ``sampler`` (a ``DistributedSampler`` or a subclass such as Lightning's
     ``DistributedSamplerWrapper``) for all ranks together, without the padding that makes it divide evenly.
 
-    Example:
+    Examples:
         >>> sampler = DistributedSampler(range(5), num_replicas=2, rank=1, seed=0)
         >>> sampler.set_epoch(1)
         >>> order = global_order(sampler, epoch=1)
@@ -182,7 +182,7 @@ def rest_of_epoch(order: list[int], start: EpochPosition, world_size: int, rank:
     ``DistributedSampler`` does); a partial last global batch is spread over all ranks, and dropped with
     ``drop_last``.
 
-    Example:
+    Examples:
         >>> start = EpochPosition(epoch=0, consumed=8, end=18, batch_size=2, drop_last=False, samples_per_step=8,
         ...                       shuffle=False, seed=0)
         >>> [rest_of_epoch(list(range(18)), start, 3, rank).indices for rank in range(3)]

@@ -40,7 +40,7 @@ class ShieldFromJobSignals:
         worker_init_fn: The loader's own ``worker_init_fn``, called after the shield is up.
         signals: Signal names to survive, e.g. ``("SIGTERM", "SIGUSR1")``.
 
-    Example:
+    Examples:
         >>> from torchdata.stateful_dataloader import StatefulDataLoader
         >>> loader = StatefulDataLoader(range(8), num_workers=2)
         >>> shield_workers(loader, ("SIGTERM", "SIGUSR1"))

@@ -60,7 +60,7 @@ class EpochSeededSampler(Sampler[int]):
             ``SubsetRandomSampler``, ``WeightedRandomSampler``, torchdata's ``RandomSampler``).
         seed: The run's seed.
 
-    Example:
+    Examples:
         >>> from torch.utils.data import RandomSampler
         >>> sampler = EpochSeededSampler(RandomSampler(range(6)), seed=7)
         >>> first = list(sampler)

@@ -67,7 +67,7 @@ class WorkerRNGDataset(_WorkerRNGState, Dataset[T_co], Generic[T_co]):
     Args:
         dataset: The map-style dataset to wrap; indexing and ``len`` pass through.
 
-    Example:
+    Examples:
         >>> wrapped = WorkerRNGDataset([10, 20, 30])
         >>> wrapped[1], len(wrapped), wrapped.state_dict()
         (20, 3, {})
@@ -89,7 +89,7 @@ class WorkerRNGIterableDataset(_WorkerRNGState, IterableDataset[T_co], Generic[T
     Args:
         dataset: The iterable dataset to wrap; iteration and ``len`` (when it has one) pass through.
 
-    Example:
+    Examples:
         >>> class Counting(IterableDataset):
         ...     def __iter__(self):
         ...         return iter(range(3))

@@ -34,7 +34,7 @@ class WorkerStartWatchdog:
         timeout_s: Seconds from :meth:`arm` to the first batch.
         exit_fn: Called on expiry with the exit code (``os._exit`` by default).
 
-    Example:
+    Examples:
         >>> watchdog = WorkerStartWatchdog(timeout_s=600)
         >>> watchdog.arm("training dataloader #0, epoch 0")
         >>> watchdog.disarm()

@@ -42,7 +42,7 @@ class StragglerTally:
         factor: Slowdown (busy time over the others' median) from which a rank counts as slow; > 1.
         patience: Consecutive slow windows of the same rank before it is named a straggler; >= 1.
 
-    Example:
+    Examples:
         >>> tally = StragglerTally(factor=1.5, patience=2)
         >>> tally.judge([1.0, 2.0], wall_seconds=2.0).straggler is None  # slow once
         True

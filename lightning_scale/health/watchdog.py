@@ -34,7 +34,7 @@ class StepAllowance:
 
     A 50 ms step gets ``min_s`` (5 minutes by default), a 10-minute step 200 minutes.
 
-    Example:
+    Examples:
         >>> allowance = StepAllowance(min_s=60.0, factor=20.0, startup_s=900.0)
         >>> allowance.seconds()  # nothing measured yet
         900.0
@@ -82,7 +82,7 @@ class ProgressWatchdog:
         describe: ``describe(phase, waited_s)``, the diagnosis (default: the rank made no progress for so long in
             ``phase``).
 
-    Example:
+    Examples:
         >>> watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice="")
         >>> watchdog.arm("training step 1", 300.0)
         >>> watchdog.arm("saving a checkpoint", None)

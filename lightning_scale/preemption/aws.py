@@ -22,7 +22,7 @@ class AWSSpotNotice(PollingSource):
         base_url: Instance metadata address.
         poll_interval: Seconds between checks.
 
-    Example:
+    Examples:
         >>> AWSSpotNotice(base_url="http://127.0.0.1:8111", poll_interval=0.2).poll() is None
         True
     """

@@ -20,7 +20,7 @@ class AzureScheduledEvents(PollingSource):
         poll_interval: Seconds between checks.
         grace_seconds: Time from the notice to the eviction when the event has no ``NotBefore``.
 
-    Example:
+    Examples:
         >>> AzureScheduledEvents(base_url="http://127.0.0.1:8113").poll() is None
         True
     """

@@ -23,7 +23,7 @@ class FileNotice(PollingSource):
             where the writer removes stale notices itself and a notice may come while the job starts: the SLURM
             example deletes it when each run of the job starts, and its trap may write it before training does.
 
-    Example:
+    Examples:
         >>> FileNotice("/tmp/preempted", poll_interval=0.5).poll() is None
         True
     """

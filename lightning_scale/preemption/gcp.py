@@ -18,7 +18,7 @@ class GCPPreemptionNotice(PollingSource):
         poll_interval: Seconds between checks.
         grace_seconds: Time from the notice to the stop.
 
-    Example:
+    Examples:
         >>> GCPPreemptionNotice(base_url="http://127.0.0.1:8112").poll() is None
         True
     """

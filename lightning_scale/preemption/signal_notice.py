@@ -27,7 +27,7 @@ class SignalNotice:
         grace_seconds: Time between the signal and the hard kill (torchrun sends SIGKILL 30 s after SIGTERM;
             SLURM's ``--signal=USR1@90`` gives 90 s).
 
-    Example:
+    Examples:
         >>> source = SignalNotice(signals=("SIGUSR1",), grace_seconds=20)
         >>> source.poll() is None
         True

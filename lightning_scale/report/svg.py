@@ -52,7 +52,7 @@ def _finite_points(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     """About ``count`` round values covering ``[low, high]``.
 
-    Example:
+    Examples:
         >>> nice_ticks(0.0, 0.93)
         [0.0, 0.2, 0.4, 0.6000000000000001, 0.8, 1.0]
     """

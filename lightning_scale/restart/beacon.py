@@ -31,7 +31,7 @@ class Progress:
 class Beacon:
     """Progress marks of the child, readable by its parent.
 
-    Example:
+    Examples:
         >>> beacon = Beacon()
         >>> beacon.mark(watched=True, allowance_s=10.0)
         >>> beacon.read()

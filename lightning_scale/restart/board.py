@@ -30,7 +30,7 @@ class AttemptBoard:
         world_size: Parents of the job.
         clock: Monotonic seconds.
 
-    Example:
+    Examples:
         >>> import torch.distributed as dist
         >>> board = AttemptBoard(dist.HashStore(), rank=1, world_size=2)
         >>> board.failed(0)

@@ -27,7 +27,7 @@ class PeerHangJudge:
         world_size: Ranks of the job.
         clock: Monotonic seconds.
 
-    Example:
+    Examples:
         >>> now = [0.0]
         >>> judge = PeerHangJudge(2, clock=lambda: now[0])
         >>> judge.observe([Progress(9, True, 10.0), Progress(8, True, 10.0)])

@@ -29,7 +29,7 @@ class ParentLinks:
         world_size: Parents of the job.
         host: The address rank 0's parent listens on (``MASTER_ADDR``).
 
-    Example:
+    Examples:
         >>> zero = ParentLinks(0, 2, "127.0.0.1")
         >>> one = ParentLinks(1, 2, "127.0.0.1")
         >>> one.connect(zero.port)

@@ -32,7 +32,7 @@ class SnapshotCadence:
         max_overhead: The largest share of step time that snapshots may take (``None`` and ``every_n_steps``).
         mtbf_seconds: Mean time between failures, for the Young/Daly interval (``None``: not known).
 
-    Example:
+    Examples:
         >>> cadence = SnapshotCadence(None, max_overhead=0.02)
         >>> cadence.steps()  # nothing measured yet: every step
         1

@@ -74,7 +74,7 @@ def pack(obj: Any) -> Packed:
     Raises:
         UnsupportedTensorError: A tensor is not dense and strided (its bytes cannot be copied as one block).
 
-    Example:
+    Examples:
         >>> state = {"w": torch.arange(3.0), "step": 7}
         >>> packed = pack(state)
         >>> buffer = torch.empty(packed.nbytes, dtype=torch.uint8)

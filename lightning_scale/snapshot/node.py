@@ -23,7 +23,7 @@ __all__ = ["NodeSnapshots", "free_bytes", "job_directory"]
 def job_directory(checkpoint_dirpath: str, root: str | None = None) -> Path:
     """The directory of the snapshots of the job that checkpoints to ``checkpoint_dirpath``, on this node.
 
-    Example:
+    Examples:
         >>> job_directory("s3://bucket/run", root="/dev/shm").parent.name.startswith("lightning-scale-")
         True
     """

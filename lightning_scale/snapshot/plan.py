@@ -51,7 +51,7 @@ def plan_restore(
     (``(generation, step)``) is newer. A snapshot as new as the durable checkpoint is preferred (it loads faster), and
     one of this world size over one of another.
 
-    Example:
+    Examples:
         >>> def h(rank, step, world=2): return SnapshotHeader(rank, world, step, 0, 0, "run", 0, 0.0, {}, True)
         >>> plan = plan_restore([[h(0, 4), h(0, 6), h(1, 6)], [h(1, 4)]], durable=(0, 2))
         >>> plan.step, plan.loads, plan.sources, plan.transfers()  # rank 1's step-6 snapshot is on rank 0's node

@@ -77,7 +77,7 @@ class SnapshotSlots:
     Args:
         directory: A directory in node-local shared memory (``/dev/shm/...``).
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from lightning_scale.snapshot.codec import pack
         >>> slots = SnapshotSlots(Path(tempfile.mkdtemp()) / "rank0")

@@ -74,7 +74,7 @@ class DataParallelStrategy(DDPStrategy):
         powersgd_warmup_steps: Optimizer steps of plain all-reduce before PowerSGD starts compressing.
         **kwargs: Lightning's ``DDPStrategy`` arguments.
 
-    Example:
+    Examples:
         >>> import lightning_scale  # registers the strategy
         >>> from lightning.pytorch import Trainer
         >>> trainer = Trainer(strategy="data_parallel", accelerator="cpu", devices=1, logger=False)

@@ -51,7 +51,7 @@ class ModelParallelStrategy(LightningModelParallelStrategy):
         process_group_backend: ``gloo`` or ``nccl`` (default: by device).
         **kwargs: ``timeout`` of collectives.
 
-    Example:
+    Examples:
         >>> import lightning_scale  # registers the strategy
         >>> strategy = ModelParallelStrategy(tensor_parallel_size=2)
     """

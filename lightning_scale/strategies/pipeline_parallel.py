@@ -80,7 +80,7 @@ class PipelineParallelStrategy(DDPStrategy):
             ``trainer.callback_metrics["train_loss"]`` holds the loss of the latest step that logged it.
             ``every_step``: log it on every step (``self.log`` is a large share of a small step's time).
 
-    Example:
+    Examples:
         >>> import lightning_scale  # registers the strategy
         >>> strategy = PipelineParallelStrategy(schedule="1f1b", n_microbatches=8)
     """

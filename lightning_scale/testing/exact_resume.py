@@ -137,7 +137,7 @@ def assert_exact_resume(
     Raises:
         AssertionError: The resumed run differs from the uninterrupted one.
 
-    Example:
+    Examples:
         >>> from examples.char_transformer import CharDataModule, CharTransformer
         >>> assert_exact_resume(CharTransformer, CharDataModule, steps=30, interrupt_at=12)  # doctest: +SKIP
     """

@@ -38,7 +38,7 @@ class Fault:
         seconds: How long a ``"sleep"`` lasts.
         save: The fault happens while the checkpoint at step ``step`` is saved (``on_save_checkpoint``).
 
-    Example:
+    Examples:
         >>> Fault(step=5, rank=1, kind="SIGTERM")
         Fault(step=5, rank=1, kind='SIGTERM', val_batch=None, whole_job=False, seconds=0.0, save=False)
     """
@@ -72,7 +72,7 @@ class FaultInjector(Callback):
         faults: What to inject, where and when.
         record_dir: Directory shared by every attempt of the job (e.g. the job's output directory).
 
-    Example:
+    Examples:
         >>> injector = FaultInjector([Fault(step=6, rank=0, kind="crash")], record_dir="/tmp/job")
     """
 

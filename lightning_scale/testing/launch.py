@@ -41,7 +41,7 @@ def launch_command(
         rendezvous_endpoint: ``host:port`` of a c10d rendezvous shared by the agents (default: ``--standalone``).
         rendezvous_conf: torchrun's ``--rdzv-conf`` (e.g. ``"last_call_timeout=2"``).
 
-    Example:
+    Examples:
         >>> launch_command(["-m", "my_job"], 2, max_restarts=1)[1:]  # doctest: +NORMALIZE_WHITESPACE
         ['-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2', '--max-restarts=1', '-m', 'my_job']
     """
@@ -128,7 +128,7 @@ def torchrun_failures(log: str) -> list[tuple[datetime.datetime, int]]:
     wait), in local time, and the first exit code it reports. Attempts are told apart by rank 0's "Initializing
     distributed" line.
 
-    Example:
+    Examples:
         >>> attempt = "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2\\n"
         >>> failed = "E1204 16:22:40.748000 14495 api.py:1002] failed (exitcode: 75) local_rank: 1 (pid: 14499)\\n"
         >>> [(when.strftime("%H:%M:%S"), code) for when, code in torchrun_failures(attempt + failed + attempt)]

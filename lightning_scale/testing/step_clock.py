@@ -17,7 +17,7 @@ class StepClock(Callback):
 
     Put it FIRST among the Trainer's callbacks, so the others read the time after the step.
 
-    Example:
+    Examples:
         >>> from lightning_scale.callbacks import CostTracker
         >>> clock = StepClock(seconds_per_step=450.0)
         >>> callbacks = [clock, CostTracker(price_per_hour=8.0, clock=clock.now)]  # exactly 1 USD per step

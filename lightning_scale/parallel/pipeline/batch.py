@@ -18,7 +18,7 @@ SplitBatch = Callable[[Any], Any]  # the LightningModule's pipeline_split_batch(
 def inputs_and_target(batch: Any, split: SplitBatch | None) -> tuple[tuple[Tensor, ...], Tensor]:
     """``(inputs as a tuple, target)`` by ``split`` or, without it, from a batch ``(inputs, target)``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> inputs, target = inputs_and_target([torch.zeros(2, 3), torch.ones(2)], None)
         >>> len(inputs), target.tolist()

@@ -28,7 +28,7 @@ _WRAPPER_DEFAULTS = {
 def refuse_wrapper_arguments(kwargs: Mapping[str, Any]) -> None:
     """Raise ``ConfigurationError`` naming the DDP wrapper arguments in ``kwargs`` set off their defaults.
 
-    Example:
+    Examples:
         >>> refuse_wrapper_arguments({"timeout": None, "find_unused_parameters": False})  # the defaults: accepted
     """
     ddp_only = {name for name, value in kwargs.items() if value != _WRAPPER_DEFAULTS.get(name)} - PROCESS_ARGUMENTS

@@ -14,7 +14,7 @@ __all__ = ["GradientStash"]
 class GradientStash:
     """Holds one step's gradients outside the parameters, then adds them in when the loop's backward would have.
 
-    Example:
+    Examples:
         >>> import torch
         >>> layer, stash = nn.Linear(2, 1), GradientStash()
         >>> with stash.collecting(list(layer.parameters())):

@@ -14,7 +14,7 @@ __all__ = ["PipelineGrid"]
 class PipelineGrid:
     """The ``(replica, pipeline rank)`` grid of the job's ranks, row major: consecutive ranks form one pipeline.
 
-    Example:
+    Examples:
         >>> grid = PipelineGrid(world_size=4, global_rank=3, pipeline_size=2)
         >>> grid.replicas, grid.replica, grid.pipeline_rank
         (2, 1, 1)

@@ -38,7 +38,7 @@ class PipelineRunner:
         n_microbatches: Microbatches per batch; must divide every batch size.
         loss_fn: The loss of one microbatch ``(output, target) -> Tensor``, computed on the last stage.
 
-    Example:
+    Examples:
         >>> import torch.distributed as dist
         >>> from lightning_scale.parallel.pipeline import SCHEDULES, plan_stages
         >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -26,7 +26,7 @@ ScheduleName = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "inter
 class ScheduleSpec:
     """What one of torch's schedules needs from the pipeline around it.
 
-    Example:
+    Examples:
         >>> SCHEDULES["interleaved_1f1b"].stages_per_rank(None)
         2
     """
