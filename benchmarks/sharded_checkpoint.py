@@ -35,8 +35,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from resume_time import s3_server
-
 from benchmarks._common import MEMORY_ENV, machine_info, spread
 from benchmarks._summary import (
     Row,
@@ -47,6 +45,7 @@ from benchmarks._summary import (
     span_of,
     summary_row,
 )
+from benchmarks.resume_time import s3_server
 from lightning_scale.testing import launch_command, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]

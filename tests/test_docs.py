@@ -23,10 +23,9 @@ import pytest
 import yaml
 
 import lightning_scale
+from benchmarks.registry import NAMES
+from benchmarks.run import performance_page
 from lightning_scale.cli import main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from run import BENCHMARKS, readme_block
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -119,11 +118,9 @@ def test_the_docs_document_commands():
 def test_each_documented_command_runs(page, words, capsys):
     if words[0] == "make":
         assert re.search(rf"^{words[1]}:", (ROOT / "Makefile").read_text(), flags=re.MULTILINE), words
-    elif (
-        words[0] == ".venv/bin/python"
-    ):  # a benchmark: run.py runs each (smoke-tested in tests/benchmarks/test_benchmarks.py)
-        script = Path(words[1]).stem
-        assert (ROOT / words[1]).is_file() and (script == "run" or script in BENCHMARKS), words
+    elif words[0] == ".venv/bin/python":  # a benchmark: benchmarks.run runs each (smoke-tested in tests/benchmarks/)
+        assert words[1] == "-m" and words[2].startswith("benchmarks."), words
+        assert words[2].removeprefix("benchmarks.") in (*NAMES, "run", "gpu_snapshot", "gpu_strategies"), words
     elif words[0] == "torchrun" and words[-1].endswith(".py"):  # a user's script: the file exists
         assert (ROOT / words[-1]).is_file() or words[-1] == "train.py", words
     else:
@@ -216,8 +213,8 @@ def test_every_public_name_of_the_package_is_in_the_api_reference(site):
 
 def test_the_performance_page_is_generated_from_the_latest_full_benchmark_run(site):
     latest = json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text())
-    assert latest["quick"] is False and set(latest["results"]) == set(BENCHMARKS)
-    assert readme_block(latest) in GENERATED.on_page_markdown(SOURCES["docs/performance.md"], page=None)
+    assert latest["quick"] is False and set(latest["results"]) == set(NAMES)
+    assert performance_page(latest) in GENERATED.on_page_markdown(SOURCES["docs/performance.md"], page=None)
     page = (site / "performance" / "index.html").read_text()
     assert all(row["figure"] in page for row in latest["summary"])
 

@@ -35,9 +35,9 @@ def benchmark_summary() -> str:
     """The summary table, the runs it comes from and every benchmark's figures, from ``latest.json``."""
     if str(ROOT) not in sys.path:  # mkdocs' console script does not put the project on the path
         sys.path.insert(0, str(ROOT))
-    from benchmarks.run import readme_block
+    from benchmarks.run import performance_page
 
-    return readme_block(json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text()))
+    return performance_page(json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text()))
 
 
 def _first_sentence(path: Path) -> str:

@@ -17,6 +17,7 @@ from typing_extensions import override
 from lightning_scale import distributed
 from lightning_scale._lightning_internals import process_group_timeout, route_trainer_saves
 from lightning_scale._trainer_attributes import trainer_callbacks
+from lightning_scale.checkpoint.journal import RunJournal
 from lightning_scale.errors import ConfigurationError
 from lightning_scale.health.watchdog import HANG_EXIT_CODE, ProgressWatchdog, StepAllowance
 from lightning_scale.restart import beacon
@@ -24,6 +25,7 @@ from lightning_scale.restart.beacon import Beacon
 
 __all__ = ["COLLECTIVE_MARGIN_S", "HangWatchdog"]
 
+JOURNAL_WAIT_S = 5.0  # the most a hung rank waits to write its hang into the run's journal before it exits
 COLLECTIVE_MARGIN_S = 60.0
 """How much longer than a watchdog's allowance a collective may wait: time for the hung rank to print its stacks."""
 
@@ -61,7 +63,7 @@ class HangWatchdog(Callback):
         peer_min_timeout_s: The shortest time a rank that its peers wait for may stand still (warm restarts only).
         peer_step_factor: That time as a multiple of the slowest recent interval between marks.
 
-    Example:
+    Examples:
         >>> from lightning.pytorch import Trainer
         >>> trainer = Trainer(callbacks=[HangWatchdog(min_timeout_s=120)], logger=False, enable_progress_bar=False)
     """
@@ -126,7 +128,16 @@ class HangWatchdog(Callback):
             "switch it off."
         )
         self._allowance = StepAllowance(self.min_timeout_s, self.step_factor, self.startup_timeout_s)
-        self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=self.exit_fn, clock=self._clock)
+
+        def exit_hung(code: int) -> None:
+            # looked up now: a ModelCheckpoint (ResumableCheckpoint) sets up after the other callbacks
+            for callback in trainer_callbacks(trainer):
+                journal = getattr(callback, "journal", None)
+                if isinstance(journal, RunJournal) and self._watchdog is not None:
+                    journal.record("hang", trainer.global_step, timeout_s=JOURNAL_WAIT_S, phase=self._watchdog.phase)
+            self.exit_fn(code)
+
+        self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=exit_hung, clock=self._clock)
         self._beacon = beacon.current()
         self._trainer = trainer
         has_group = distributed.has_process_group()

@@ -36,12 +36,13 @@ from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.hang_watchdog import HangWatchdog
 from lightning_scale.checkpoint.background import WriteResult
 from lightning_scale.checkpoint.cadence import SaveTimer
+from lightning_scale.checkpoint.journal import EventKind, RunJournal
 from lightning_scale.checkpoint.rank_zero import on_storage
 from lightning_scale.checkpoint.resume import choose_resume
 from lightning_scale.checkpoint.saver import SaveHooks, Saver, SaveRequest, make_saver
 from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.checkpoint.writer import CheckpointWriter
-from lightning_scale.errors import ConfigurationError
+from lightning_scale.errors import ConfigurationError, UsageError
 from lightning_scale.snapshot import SnapshotCadence
 
 __all__ = ["ResumableCheckpoint"]
@@ -97,7 +98,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         save_on_train_epoch_end: As in ``ModelCheckpoint``.
         enable_version_counter: As in ``ModelCheckpoint`` (``-v1`` names when a name is taken).
 
-    Example:
+    Examples:
         >>> from lightning.pytorch import Trainer
         >>> checkpoint = ResumableCheckpoint(dirpath="memory://run", every_n_train_steps=100, keep_last_k=2)
         >>> trainer = Trainer(callbacks=[checkpoint], logger=False, enable_progress_bar=False)
@@ -105,7 +106,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
 
     METRIC_KEYS = ("checkpoint/interval_minutes", "checkpoint/save_seconds")
     PROCESS_LOCAL: ClassVar[dict[str, Callable[[], Any] | None]] = {
-        "_saver": None, "_trainer": None, "_store": None, "_timer": None,
+        "_saver": None, "_trainer": None, "_store": None, "_timer": None, "journal": None,
     }  # fmt: skip
 
     def __init__(
@@ -181,6 +182,9 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         """Time training waited for the latest save (with ``async_save``: gathering and copying the state)."""
         self.failed_saves = 0
         """Background saves that failed on this rank (each was reported when it happened)."""
+        self.journal: RunJournal | None = None
+        """The run's journal in ``dirpath`` (attempts, checkpoints, preemptions, hangs), for ``lightning-scale report``;
+        set up with the fit."""
 
     @staticmethod
     def of(trainer: pl.Trainer, needed_by: str) -> ResumableCheckpoint:
@@ -226,6 +230,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if stage != "fit":
             return
         self._trainer = trainer
+        self.journal = RunJournal(self.store, trainer.global_rank)
         files = CheckpointWriter(self.store, cache, self._retain, plugin_save_file(trainer.strategy, fmt.sharded))
         on_storage(files.remove_partial_files, "Cleaning unfinished saves", str(self.dirpath))
         hooks = SaveHooks(durable=self._durable, landed=self._landed, warn=rank_zero_warn, clock=self._clock)
@@ -263,6 +268,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
         self._saving.finish()
         self._lineage.record_progress(trainer, force=True)
+        self._journal(trainer, "end", reason="finished")
         if self._snapshots is not None:
             self._snapshots.finish(trainer)  # training is over: no restart needs them
 
@@ -272,6 +278,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         if self._saver is not None:
             self._saver.finish()  # the save in flight holds a valid earlier state: let it land
         self._lineage.record_progress(trainer, force=True)
+        reason = "usage_error" if isinstance(exception, UsageError) else "failed"
+        self._journal(trainer, "end", reason=reason, error=f"{type(exception).__name__}: {str(exception)[:300]}")
         if self._snapshots is not None:
             self._snapshots.close(trainer)  # they stay in memory for the restart
 
@@ -279,6 +287,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._lineage.start_training(trainer)
+        resumed = None if trainer.ckpt_path is None else str(trainer.ckpt_path)
+        self._journal(trainer, "start", world_size=trainer.world_size, nodes=trainer.num_nodes, resumed_from=resumed)
         if self._timer is not None:
             self._timer.restart()
 
@@ -354,7 +364,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             self._saving.forget_staged()
         return filepath
 
-    def releasememory_snapshots(self, trainer: pl.Trainer) -> None:
+    def release_memory_snapshots(self, trainer: pl.Trainer) -> None:
         """Remove the job's memory snapshots from every node; call on every rank once its newest state is durable (a
         preemption's checkpoint): the job is leaving these machines, and one that stays up gets its memory back."""
         if self._snapshots is not None:
@@ -381,11 +391,17 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         self.last_blocked_seconds = self._clock() - started
+        self._journal(trainer, "checkpoint", name=request.name, seconds=self.last_blocked_seconds, durable=durable)
         change = self._timer.record(self.last_blocked_seconds) if self._timer is not None else None
         if change:
             rank_zero_info(f"ResumableCheckpoint: {change}")
         if durable:
             self._notify_loggers(trainer)
+
+    def _journal(self, trainer: pl.Trainer, kind: EventKind, **details: Any) -> None:
+        """Rank 0 records ``kind`` at the current step in the run's journal."""
+        if self.journal is not None and trainer.is_global_zero:
+            self.journal.record(kind, trainer.global_step, **details)
 
     def _durable(self, seconds: float) -> None:
         self.last_save_seconds = seconds

@@ -27,6 +27,7 @@ from lightning_scale._lightning_internals import (
 from lightning_scale._process_local import ProcessLocal
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks._step_vote import StepVote
+from lightning_scale.callbacks.hang_watchdog import JOURNAL_WAIT_S
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError
 from lightning_scale.data import shield_workers
@@ -74,7 +75,7 @@ class SpotPreemption(ProcessLocal, Callback):
             so and exits without requeueing, so that a job whose every run is preempted (a time limit shorter than
             start-up plus one checkpoint interval) cannot loop forever. ``None``: no limit.
 
-    Example:
+    Examples:
         >>> from lightning.pytorch import Trainer
         >>> from lightning_scale.callbacks import ResumableCheckpoint
         >>> from lightning_scale.preemption import AWSSpotNotice, SignalNotice
@@ -279,6 +280,10 @@ class SpotPreemption(ProcessLocal, Callback):
             except CheckpointStorageError as err:  # raised on every rank; the previous checkpoint is untouched
                 rank_zero_warn(f"The emergency checkpoint failed ({err}); exiting anyway.")
         self._report(trainer, notice, path, time.time() - notice.received_unix)
+        journal = self._checkpoint.journal
+        if journal is not None and trainer.is_global_zero:  # bounded: the notice's grace period is short
+            details = {"source": notice.source, "noticed_on_rank": rank, "saved": path is not None}
+            journal.record("preemption", trainer.global_step, timeout_s=JOURNAL_WAIT_S, **details)
         self._acknowledge()
         self._exit(trainer)
 

@@ -33,7 +33,7 @@ and :mod:`~.main` (the entry point).
 """
 
 from lightning_scale.cli.command import DEFAULT_CALLBACKS, ScaleCLI
-from lightning_scale.cli.main import main
+from lightning_scale.cli.entry import main
 from lightning_scale.cli.strategy_flags import strategy_names_as_class_paths
 
 __all__ = ["DEFAULT_CALLBACKS", "ScaleCLI", "main", "strategy_names_as_class_paths"]

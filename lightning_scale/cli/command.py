@@ -23,6 +23,7 @@ from lightning_scale.callbacks import (
 )
 from lightning_scale.cli.consolidate import CONSOLIDATE_HELP
 from lightning_scale.cli.progress_bar import ScaleProgressBar
+from lightning_scale.cli.report import REPORT_HELP
 from lightning_scale.errors import UsageError
 
 __all__ = ["DEFAULT_CALLBACKS", "ScaleCLI"]
@@ -43,13 +44,13 @@ class ScaleCLI(LightningCLI):
     Args:
         args: Command-line arguments (default: ``sys.argv[1:]``); everything else as :class:`LightningCLI`.
 
-    Example:
+    Examples:
         >>> sorted(DEFAULT_CALLBACKS)  # lightning-scale fit ... --checkpoint.dirpath s3://bucket/run --cost null
         ['checkpoint', 'cost', 'hang', 'preemption', 'stragglers']
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("parser_kwargs", {"prog": "lightning-scale", "epilog": CONSOLIDATE_HELP})
+        kwargs.setdefault("parser_kwargs", {"prog": "lightning-scale", "epilog": f"{CONSOLIDATE_HELP} {REPORT_HELP}"})
         # a restarted job runs the same command again: its config.yaml is already there
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         super().__init__(*args, **kwargs)

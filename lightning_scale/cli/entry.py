@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["consolidate"]:
         consolidate(argv[1:])
         return
+    if argv[:1] == ["report"]:
+        from lightning_scale.cli.report import report  # here: the report needs neither Lightning's CLI nor a job
+
+        report(argv[1:])
+        return
     if os.getcwd() not in sys.path:  # class paths in the current directory, as `python -m` finds them
         sys.path.insert(0, os.getcwd())
     if not explicit and warm_restarts_apply(knobs.WARM_RESTARTS):

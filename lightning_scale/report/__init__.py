@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightning_scale.report.collect import Attempt, CostSplit, RunRecord, collect
+from lightning_scale.report.records import Attempt, CostSplit, RunRecord, collect
 from lightning_scale.report.render import render_html
 
 __all__ = ["Attempt", "CostSplit", "RunRecord", "collect", "render_html", "write_report"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from html import escape
 
-from lightning_scale.report.collect import Attempt, RunRecord
+from lightning_scale.report.records import Attempt, RunRecord
 from lightning_scale.report.svg import Bar, Line, Mark, line_chart, stacked_bar, timeline
 
 __all__ = ["render_html"]

@@ -10,10 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from wandb.proto import wandb_internal_pb2
+from typing import Any
 
 __all__ = ["exit_codes", "history_keys", "history_rows", "history_values", "read_records"]
 
@@ -22,13 +19,13 @@ HEADER = struct.Struct("<4sHB")
 CHUNK = struct.Struct("<IHB")
 
 
-def read_records(path: Path) -> list[wandb_internal_pb2.Record]:
+def read_records(path: Path) -> list[Any]:
     """Every complete record of the run file ``path``, in order.
 
     Raises:
         ValueError: ``path`` is not a W&B run file.
     """
-    from google.protobuf.message import DecodeError
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
     from wandb.proto import wandb_internal_pb2  # here: importing W&B costs a process start-up ~0.7 s
 
     data = Path(path).read_bytes()
@@ -49,7 +46,7 @@ def read_records(path: Path) -> list[wandb_internal_pb2.Record]:
             continue
         pending = payload if kind in (1, 2) else pending + payload
         if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # generated code
             try:
                 record.ParseFromString(pending)
             except DecodeError:  # a damaged record: what came before it is what the file can say
@@ -63,7 +60,7 @@ def _key(item: Any) -> str:
     return str(item.key or "/".join(item.nested_key))
 
 
-def history_values(records: list[wandb_internal_pb2.Record], key: str) -> list[str]:
+def history_values(records: list[Any], key: str) -> list[str]:
     """The JSON values logged under ``key``, in order."""
     return [
         item.value_json
@@ -74,7 +71,7 @@ def history_values(records: list[wandb_internal_pb2.Record], key: str) -> list[s
     ]
 
 
-def history_rows(records: list[wandb_internal_pb2.Record]) -> list[dict[str, Any]]:
+def history_rows(records: list[Any]) -> list[dict[str, Any]]:
     """Each history row as ``{key: value}`` (numbers and strings; W&B's media and tables left out)."""
     rows = []
     for record in records:
@@ -89,11 +86,11 @@ def history_rows(records: list[wandb_internal_pb2.Record]) -> list[dict[str, Any
     return rows
 
 
-def history_keys(records: list[wandb_internal_pb2.Record]) -> set[str]:
+def history_keys(records: list[Any]) -> set[str]:
     """Every key the run's history logged, tables and media included."""
     return {_key(item) for r in records if r.WhichOneof("record_type") == "history" for item in r.history.item}
 
 
-def exit_codes(records: list[wandb_internal_pb2.Record]) -> list[int]:
+def exit_codes(records: list[Any]) -> list[int]:
     """The exit codes the run file records (one per finished run)."""
     return [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"]

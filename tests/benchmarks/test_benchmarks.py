@@ -1,4 +1,4 @@
-"""Smoke test: `benchmarks/run.py --quick` runs every benchmark and writes the summary JSON. Timings are never
+"""Smoke test: `python -m benchmarks.run --quick` runs every benchmark and writes the summary JSON. Timings are never
 asserted here (benchmarks live in benchmarks/, never in timed unit tests)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.registry import NAMES
+from benchmarks.run import markdown
 
-from run import BENCHMARKS, markdown  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.multiprocess
@@ -21,16 +21,16 @@ from run import BENCHMARKS, markdown  # noqa: E402
 def test_every_benchmark_runs_quick_and_the_summary_has_a_row_for_each(tmp_path):
     out = tmp_path / "latest.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", f"--out={out}"],
-        capture_output=True, text=True, timeout=540,
+        [sys.executable, "-m", "benchmarks.run", "--quick", f"--out={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=540,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     latest = json.loads(out.read_text())
-    assert set(latest["results"]) == set(BENCHMARKS) and latest["quick"] is True
-    assert {row["benchmark"] for row in latest["summary"]} == set(BENCHMARKS)
+    assert set(latest["results"]) == set(NAMES) and latest["quick"] is True
+    assert {row["benchmark"] for row in latest["summary"]} == set(NAMES)
     (run,) = latest["runs"]  # the run every row comes from, with the checkout it measured
     assert {"cpu", "cores", "torch", "lightning"} <= set(run["machine"]) and run["commit"]
-    assert run["command"] == "benchmarks/run.py --quick" and run["benchmarks"] == list(BENCHMARKS)
+    assert run["command"] == "python -m benchmarks.run --quick" and run["benchmarks"] == list(NAMES)
     targets = [row for row in latest["summary"] if row["target"]]
     assert len(targets) >= 7 and all(isinstance(row["holds"], bool) for row in targets)
     measures = " ".join(row["measure"] for row in latest["summary"])

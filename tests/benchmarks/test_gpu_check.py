@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(300)
 def test_the_snapshot_cycle_ends_bitwise_equal_and_frees_its_memory(tmp_path):
     out = tmp_path / "gpu_snapshot.json"
-    command = [sys.executable, "benchmarks/gpu_snapshot.py", "--device=cpu", "--width=128", f"--out={out}"]
+    command = [sys.executable, "-m", "benchmarks.gpu_snapshot", "--device=cpu", "--width=128", f"--out={out}"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -28,7 +28,7 @@ def test_the_snapshot_cycle_ends_bitwise_equal_and_frees_its_memory(tmp_path):
 @pytest.mark.timeout(300)
 def test_every_strategy_runs_at_world_size_1_with_an_async_save_and_its_peak(tmp_path):
     out = tmp_path / "gpu_strategies.json"
-    command = [sys.executable, "benchmarks/gpu_strategies.py", "--device=cpu", "--d-model=64", f"--out={out}"]
+    command = [sys.executable, "-m", "benchmarks.gpu_strategies", "--device=cpu", "--d-model=64", f"--out={out}"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -41,7 +41,8 @@ def ckpt_names(dirpath: Path) -> list[str]:
 
 
 def digests(dirpath: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dirpath.iterdir())}
+    """Every checkpoint file and manifest (not the run's journal, which records each attempt)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dirpath.iterdir()) if p.is_file()}
 
 
 def test_saves_every_n_train_steps_with_a_valid_manifest_each(tmp_path, tiny_trainer_kwargs):

@@ -15,6 +15,7 @@ import pytest
 
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError, CheckpointStore, find_newest_valid
+from lightning_scale.checkpoint.journal import JOURNAL_DIR
 from lightning_scale.checkpoint.progress import PROGRESS_NAME
 from tests import fitting
 from tests.faulty_fs import FaultyFileSystem
@@ -57,7 +58,7 @@ def assert_step_2_intact_and_nothing_half_written(dirpath: str) -> None:
     store = CheckpointStore(dirpath)
     newest, skipped = find_newest_valid(store)
     assert newest is not None and newest.global_step == 2 and skipped == []
-    assert [n for n in store.names() if not n.startswith(".write-probe") and n != PROGRESS_NAME] == [
+    assert [n for n in store.names() if not n.startswith(".write-probe") and n not in (PROGRESS_NAME, JOURNAL_DIR)] == [
         "epoch=0-step=2.ckpt",
         "epoch=0-step=2.ckpt.manifest.json",
     ]

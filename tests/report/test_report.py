@@ -15,7 +15,7 @@ from lightning_scale.checkpoint.journal import RunJournal
 from lightning_scale.checkpoint.progress import ProgressMarker
 from lightning_scale.cli import main
 from lightning_scale.report import collect, render_html, write_report
-from lightning_scale.report.collect import _split
+from lightning_scale.report.records import _split
 
 
 def _journal(tmp_path):
