@@ -1,4 +1,4 @@
-"""The one place where lightning-scale touches private parts of torch (the twin of ``_lightning_internals.py``).
+"""The one place where lightning-scale touches private parts of torch (twin of the ``_lightning_internals`` package).
 
 Each has no public equivalent in torch 2.13; ``tests/test_torch_internals.py`` fails loudly when an upgrade moves one:
 
