@@ -16,6 +16,7 @@ from lightning.pytorch import Callback, Trainer
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale import knobs
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
+from lightning_scale.checkpoint.journal import JOURNAL_DIR, RunJournal
 from lightning_scale.checkpoint.manifest import find_newest_valid, list_manifests, read_manifest
 from lightning_scale.checkpoint.progress import PROGRESS_NAME
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
@@ -65,7 +66,11 @@ def test_training_on_s3_auto_resumes_and_matches_an_uninterrupted_run(s3_bucket,
     names = store.names()
     checkpoints = [n for n in names if n.endswith(".ckpt")]
     assert checkpoints == ["epoch=0-step=10.ckpt", "epoch=0-step=15.ckpt", "epoch=0-step=20.ckpt"]  # keep_last_k=3
-    assert sorted(names) == sorted([*checkpoints, *(f"{n}.manifest.json" for n in checkpoints), PROGRESS_NAME])
+    assert sorted(names) == sorted(
+        [*checkpoints, *(f"{n}.manifest.json" for n in checkpoints), PROGRESS_NAME, JOURNAL_DIR]
+    )
+    kinds = [event.kind for event in RunJournal(store).events()]  # the run's journal, on an object store too
+    assert kinds[0] == "start" and kinds.count("start") == 2 and kinds[-1] == "end" and "checkpoint" in kinds
     assert not [n for n in names if n.endswith(".partial") or ".tmp-" in n or n.startswith(".write-probe")]
     newest, skipped = find_newest_valid(store)
     assert skipped == []

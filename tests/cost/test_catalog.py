@@ -96,12 +96,13 @@ def test_spot_price_of_a_row_without_one_raises_naming_price_per_hour(shipped):
         row.usd_per_hour(spot=True)
 
 
-def test_the_rows_without_a_spot_price_are_the_ones_the_readme_names(shipped):
+def test_the_rows_without_a_spot_price_are_the_ones_the_docs_name(shipped):
     without = {(row.provider, row.instance_type) for row in _rows(shipped) if row.spot_usd_per_hour is None}
     assert without == {("aws", "p5.4xlarge"), ("gcp", "n1-standard-4"), ("azure", "Standard_NC40ads_H100_v5"),
                        ("azure", "Standard_ND96isr_H100_v5")}  # fmt: skip
-    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
-    assert "Rows without a spot price: " + ", ".join(f"{p} `{name}`" for p, name in sorted(without)) in readme
+    page = Path(__file__).resolve().parents[2] / "docs" / "callbacks" / "cost-tracker.md"
+    text = " ".join(page.read_text().split())
+    assert "Rows without a spot price: " + ", ".join(f"{p} `{name}`" for p, name in sorted(without)) in text
 
 
 def test_spot_price_of_a_row_with_one(shipped):
