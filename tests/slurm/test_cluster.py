@@ -19,7 +19,7 @@ def test_without_root_the_reason_names_the_user(monkeypatch):
 
 def test_without_the_commands_or_apt_get_the_reason_names_both(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(cluster, "_command", lambda name: None)
+    monkeypatch.setattr(cluster, "find_command", lambda name: None)
     reason = cluster.unusable_reason()
     assert reason is not None and reason.startswith("munged, mungekey, slurmctld, slurmd, sbatch, srun")
     assert reason.endswith("not installed, and no apt-get to install slurmctld slurmd slurm-client munge")
