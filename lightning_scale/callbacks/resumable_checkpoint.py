@@ -58,6 +58,9 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
     every rank's data and RNG state), memory snapshots in node-local shared memory for the fastest restarts, and the
     run's journal for ``lightning-scale report``. The documentation's ResumableCheckpoint page details each.
 
+    Logged metrics (with ``every_n_minutes``): ``checkpoint/interval_minutes`` (the interval in use) and
+    ``checkpoint/save_seconds`` (the measured save time ``C`` of the Young/Daly interval).
+
     Args:
         dirpath: Directory or fsspec URL for checkpoints. Default: ``<default_root_dir>/checkpoints``, the same on
             every restart (unlike ``ModelCheckpoint``'s versioned default), so auto-resume finds it.
