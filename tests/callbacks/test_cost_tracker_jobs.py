@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from lightning_scale.report.wandb_offline import history_values, read_records
 from lightning_scale.testing import CloudNotices, CostModel, Fault, JobConfig, read_traces, run_attempt, write_job
-from tests.wandb_records import history_values, read_records
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 

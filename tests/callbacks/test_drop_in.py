@@ -32,8 +32,8 @@ from lightning_scale.callbacks import (
 )
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import AWSSpotNotice, SignalNotice
+from lightning_scale.report.wandb_offline import read_records
 from tests.data.user_code import UserData, UserMLP
-from tests.wandb_records import read_records
 
 CALLBACKS = {
     "resumable-checkpoint": lambda d: ResumableCheckpoint(dirpath=str(d), every_n_train_steps=2),

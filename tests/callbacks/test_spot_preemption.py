@@ -16,8 +16,8 @@ from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint, SpotPreemption
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
 from lightning_scale.preemption import Notice, SignalNotice
+from lightning_scale.report.wandb_offline import exit_codes, history_values, read_records
 from lightning_scale.testing import CloudNotices, Fault, JobConfig, assert_same_tensors, run_attempt, write_job
-from tests.wandb_records import exit_codes, history_values, read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 

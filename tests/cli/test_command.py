@@ -20,9 +20,9 @@ from lightning.pytorch import Callback
 from examples.char_transformer import CharTransformer
 from lightning_scale.cli import main
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE, ConfigurationError
+from lightning_scale.report.wandb_offline import history_values, read_records
 from lightning_scale.testing import launch_command, launch_environment
 from tests.data.user_code import UserMLP
-from tests.wandb_records import history_values, read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ["--model=examples.char_transformer.CharTransformer", "--model.vocab_size=64",
