@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -24,23 +26,79 @@ _SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
 
 
 _SHARED_MEMORY = Path("/dev/shm")
+_SNAPSHOTS = Path(
+    tempfile.mkdtemp(prefix="lightning-scale-tests-", dir=_SHARED_MEMORY if _SHARED_MEMORY.is_dir() else None)
+)
 _shared_memory_before: set[str] = set()
 _shared_memory_left: set[str] = set()
 _shared_memory_first_seen: dict[str, str] = {}  # entry -> the test after which it was first seen
+# where xdist workers leave their first-seen notes for the controller: workers inherit the controller's environment
+_FIRST_SEEN_NOTES = Path(os.environ.get("LIGHTNING_SCALE_TEST_SHM_NOTES") or tempfile.mkdtemp(prefix="shm-notes-"))
+os.environ["LIGHTNING_SCALE_TEST_SHM_NOTES"] = str(_FIRST_SEEN_NOTES)
 _ON_CI = suite_guards.on_ci(os.environ)
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist worker (``make test`` runs the suite on two)."""
+    return hasattr(config, "workerinput")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # pytest restores the warning filters it saw at start-up around every collection and test, so the filters that
     # importing lightning_scale installs (during collection) would not last: install them first, as a user's run has
     ignore_library_warnings()
-    _shared_memory_before.update(_shared_memory())
+    if not _xdist_worker(config):  # the controller (or a run without workers) guards /dev/shm over the whole run
+        _shared_memory_before.update(_shared_memory())
+    # the snapshots of jobs that module-scoped fixtures launch (before any test's own root below) live here too
+    os.environ["LIGHTNING_SCALE_SNAPSHOT_DIR"] = str(_SNAPSHOTS)
+    knobs.SNAPSHOT_DIR = str(_SNAPSHOTS)
+
+
+# The files that take longest (``--durations``), run first so that ``make test``'s two xdist workers end together: a
+# scheduling hint only
+_LONGEST_FIRST = (
+    "benchmarks/test_benchmarks.py",
+    "data/test_user_code_matrix.py",
+    "health/test_hang_restarts.py",
+    "slurm/test_train_sbatch.py",
+    "elastic/test_elastic_job.py",
+    "callbacks/test_spot_preemption_jobs.py",
+    "callbacks/test_memory_snapshots.py",
+    "examples/test_demo.py",
+    "restart/test_warm_restarts.py",
+)
+_SHARED_OUT = ("benchmarks/test_benchmarks.py",)  # files whose tests xdist may share out among its workers
+_ONE_GROUP = ("slurm/",)  # folders whose files share a session fixture (one Slurm cluster): one worker for all
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first; under ``--dist loadgroup`` a file's tests stay on one worker (its module-scoped fixtures
+    then run once), and a ``_ONE_GROUP`` folder's files too, except the tests of ``_SHARED_OUT``."""
+    tests = Path(__file__).parent
+
+    def relative(item: pytest.Item) -> str:
+        path = Path(item.path)
+        return path.relative_to(tests).as_posix() if path.is_relative_to(tests) else str(path)
+
+    def rank(item: pytest.Item) -> int:
+        name = relative(item)
+        return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest stay in collection order
+    for item in items:
+        name = relative(item)
+        if name not in _SHARED_OUT:
+            group = next((folder for folder in _ONE_GROUP if name.startswith(folder)), name)
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A whole run that misses a test function of ``tests/`` (a file or a function pytest does not pick up) fails
     before it starts: the package's doctests alone must not make a passing run."""
-    if session.config.option.collectonly or not suite_guards.whole_run(session.config):
+    config = session.config
+    whole = config.workerinput["whole_run"] if _xdist_worker(config) else suite_guards.whole_run(config)  # type: ignore[attr-defined]
+    if config.option.collectonly or not whole:
         return
     missing = suite_guards.uncollected(Path(__file__).parent, session.items)
     if missing:
@@ -55,12 +113,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         suite_guards.skip_as_failure(outcome.get_result())  # type: ignore[attr-defined]
 
 
+def pytest_configure_node(node) -> None:  # type: ignore[no-untyped-def]
+    """pytest-xdist's hook in the controller: tell each worker whether the controller's run is a whole one (a worker
+    is always given its test paths as arguments)."""
+    node.workerinput["whole_run"] = suite_guards.whole_run(node.config)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if its processes left anything in /dev/shm (snapshots, named semaphores of killed DataLoader
-    queues), after a few seconds for resource trackers to unlink what their processes leaked."""
+    queues), after a few seconds for resource trackers to unlink what their processes leaked. Under xdist a worker
+    hands its notes to the controller, which checks once every worker has finished."""
+    if _xdist_worker(session.config):
+        with contextlib.suppress(OSError):
+            _SNAPSHOTS.rmdir()  # a root that still holds something is left for the controller to report
+        notes = _FIRST_SEEN_NOTES / f"{session.config.workerinput['workerid']}.json"  # type: ignore[attr-defined]
+        notes.write_text(json.dumps(_shared_memory_first_seen))
+        return
+    for notes in sorted(_FIRST_SEEN_NOTES.glob("*.json")):
+        for entry, test in json.loads(notes.read_text()).items():
+            _shared_memory_first_seen.setdefault(entry, test)
+    shutil.rmtree(_FIRST_SEEN_NOTES, ignore_errors=True)
     deadline = time.monotonic() + 5
     while (left := _shared_memory() - _shared_memory_before) and time.monotonic() < deadline:
         time.sleep(0.2)
+    shutil.rmtree(_SNAPSHOTS, ignore_errors=True)
     if left:
         _shared_memory_left.update(left)
         if session.exitstatus == 0:
@@ -87,7 +163,12 @@ def _note_shared_memory_left(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def _shared_memory() -> set[str]:
-    return {entry.name for entry in _SHARED_MEMORY.iterdir()} if _SHARED_MEMORY.is_dir() else set()
+    """The entries of /dev/shm, with the suite's own snapshot root replaced by what it holds."""
+    if not _SHARED_MEMORY.is_dir():
+        return set()
+    entries = {entry.name for entry in _SHARED_MEMORY.iterdir()} - {_SNAPSHOTS.name}
+    held = {f"{_SNAPSHOTS.name}/{entry.name}" for entry in _SNAPSHOTS.iterdir()} if _SNAPSHOTS.is_dir() else set()
+    return entries | held
 
 
 @pytest.fixture(autouse=True)
