@@ -54,6 +54,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MEMORY_D_MODEL = 1024
 MEMORY_N_LAYERS = 8
 SMALL_D_MODEL = 32
+SMALL_N_LAYERS = 2  # the example's, the job's default
 WIDE_D_MODEL = 256
 MEMORY_VARIANTS = ("ddp", "zero1", "zero2", "torch_zero", "fsdp", "lightning_model_parallel")
 WIDE_VARIANTS = ("ddp", "zero1", "zero2", "torch_zero")
@@ -101,11 +102,15 @@ def memory(rounds: int, d_model: int, n_layers: int) -> dict[str, dict]:
     to ``ddp``'s of the same round."""
     launches: dict[str, list[dict]] = {variant: [] for variant in MEMORY_VARIANTS}
     runtime: dict[str, int] = {}
+    small_size = (d_model, n_layers) == (SMALL_D_MODEL, SMALL_N_LAYERS)  # --quick: the small launch is the measured one
     for index in range(rounds):
         for variant in rotated(list(MEMORY_VARIANTS), index):
             if variant not in runtime:
                 small = run([variant], 1, 20, f"--d-model={SMALL_D_MODEL}", "--memory")[variant]
                 runtime[variant] = max(small["rest_bytes"]) - max(sum(rank.values()) for rank in small["memory"])
+                if small_size:
+                    launches[variant].append(small)
+                    continue
             size = (f"--d-model={d_model}", f"--n-layers={n_layers}")
             launches[variant].append(run([variant], 1, 20, *size, "--memory")[variant])
     table = {}
@@ -129,12 +134,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "data_parallel_step.json"))
     args = parser.parse_args()
     variants = list(TIMED) + ([] if args.quick else ["fp16", "powersgd"])
-    rounds, steps, memory_d_model, wide_d_model = (2, 20, 64, 64) if args.quick else (9, 150, MEMORY_D_MODEL,
-                                                                                     WIDE_D_MODEL)  # fmt: skip
+    rounds, steps, wide_d_model = (2, 20, 64) if args.quick else (9, 150, WIDE_D_MODEL)
     table = timing(run(variants, rounds, steps))
     wide_rounds, wide_steps = (2, 20) if args.quick else (7, 40)
     wide = timing(run(list(WIDE_VARIANTS), wide_rounds, wide_steps, f"--d-model={wide_d_model}"))
-    held = memory(1 if args.quick else 2, memory_d_model, 2 if args.quick else MEMORY_N_LAYERS)
+    held = memory(1, SMALL_D_MODEL, SMALL_N_LAYERS) if args.quick else memory(2, MEMORY_D_MODEL, MEMORY_N_LAYERS)
     print(f"data parallel, example transformer, 2 processes (gloo), {rounds} rounds of {steps} steps, rotated")
     header = ("variant", "ms/step", "(min-max)", "/ ddp", "(upper q.)", "all B/rank", "payload B/step")
     print(" ".join(f"{name:>{width}}" for name, width in zip(header, (24, 8, 15, 6, 10, 12, 15), strict=True)))
@@ -150,14 +154,14 @@ def main() -> None:
     for variant, entry in wide.items():
         print(f"{variant:>24} {entry['step_s']['median'] * 1e3:8.2f} ms {entry['over_ddp']['upper_quartile']:6.3f}")
     print(
-        f"memory at d_model={memory_d_model}, {held['ddp']['n_layers']} blocks, MB per rank (max over ranks): "
+        f"memory at d_model={held['ddp']['d_model']}, {held['ddp']['n_layers']} blocks, MB per rank (max over ranks): "
         "held by construction / at rest / peak"
     )
     for variant, entry in held.items():
         rest, peak = max(map(max, entry["rest_per_rank"])), max(map(max, entry["peak_per_rank"]))
         print(f"{variant:>24} {entry['held_bytes'] / 1e6:9.1f} / {rest / 1e6:9.1f} / {peak / 1e6:9.1f}  "
               f"peak / ddp {entry['peak_over_ddp']['max']:.3f}")  # fmt: skip
-    config = {"rounds": rounds, "steps": steps, "variants": variants, "memory_d_model": memory_d_model,
+    config = {"rounds": rounds, "steps": steps, "variants": variants, "memory_d_model": held["ddp"]["d_model"],
               "memory_n_layers": held["ddp"]["n_layers"],
               "wide_d_model": wide_d_model, "wide_rounds": wide_rounds, "wide_steps": wide_steps,
               "quick": args.quick}  # fmt: skip

@@ -93,6 +93,16 @@ def _commit() -> str:
     return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
 
 
+def selected(only: list[str] | None) -> list[str]:
+    """The benchmarks a run measures: ``--only``'s, else every one of the registry, in its order.
+
+    Examples:
+        >>> selected(None) == list(NAMES) and selected(["goodput"]) == ["goodput"]
+        True
+    """
+    return list(only or NAMES)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every benchmark's smoke mode (under 4 min)")
@@ -101,7 +111,7 @@ def main() -> None:
         "--only", nargs="*", choices=sorted(NAMES), help="run these only; their rows replace those in --out"
     )
     args = parser.parse_args()
-    names = args.only or list(NAMES)
+    names = selected(args.only)
 
     command_line = " ".join(["python -m benchmarks.run", *(arg for arg in sys.argv[1:] if not arg.startswith("--out"))])
     commit = _commit()  # before the run: it rewrites the tracked results it measures
