@@ -174,11 +174,15 @@ def matrix(tmp_path_factory) -> dict[str, ResumeReport]:
     markers = [root / "interrupted" / cell.name / "interrupted.marker" for cell in CELLS]
     outcomes = []
     for _ in range(len(CELLS) + 1):  # each launch ends with one interruption, the last one with every cell done
+        logged = log.stat().st_size if log.exists() else 0
         outcomes.append(launch(listing, markers, log))
         assert left_behind(root) == [], f"after launch {len(outcomes)}"  # ranks and workers all gone
         if outcomes[-1] == 0:
             break
-        assert outcomes[-1] in ("killed", 1), f"launch outcomes {outcomes}; log tail:\n{tail(log)}"  # torchrun: 1
+        this_launch = log.read_text(errors="replace")[logged:]
+        # torchrun exits 1 when a rank failed: a rank's SpotPreemption exit (143) is the only failure expected
+        expected = outcomes[-1] == "killed" or (outcomes[-1] == 1 and "exitcode  : 143" in this_launch)
+        assert expected, f"launch outcomes {outcomes}; this launch's log:\n{this_launch[-12000:]}"
     assert outcomes.count("killed") == sum(c.interruption == "kill" for c in CELLS), outcomes
     text = log.read_text()
     spot = [cell for cell in CELLS if cell.interruption == "spot"]
