@@ -40,6 +40,7 @@ __all__ = [
     "finish_epoch_elsewhere",
     "keep_samples_per_step",
     "rest_of_epoch_sampler",
+    "resume_on_another_world",
 ]
 
 ORDER_FIXES = {
@@ -113,6 +114,27 @@ def _elastic_start(
             "--nproc-per-node), or from a checkpoint taken at the end of an epoch."
         )
     return position
+
+
+def resume_on_another_world(
+    trainer: pl.Trainer,
+    rank0: RankDataState,
+    saved_world: int,
+    world: int,
+    checkpoint: dict[str, Any] | None,
+    loaders_resumable: bool,
+) -> EpochPosition | None:
+    """Resume rank 0's state of ``saved_world`` processes on ``world``: the epoch whose rest the training loader deals
+    out (:func:`finish_epoch_elsewhere`), or ``None`` for a checkpoint at an epoch's end, whose next epoch is split for
+    ``world`` (with a warning that the run no longer follows one that kept its processes)."""
+    if not rank0.end_of_epoch:
+        return finish_epoch_elsewhere(trainer, rank0, saved_world, world, checkpoint, loaders_resumable)
+    rank_zero_warn(
+        f"Resuming a checkpoint written by {saved_world} processes with {world}: the next epoch is split for {world} "
+        f"processes and the RNG streams are not restored, so this run will not match one that kept {saved_world} "
+        "processes."
+    )
+    return None
 
 
 def finish_epoch_elsewhere(

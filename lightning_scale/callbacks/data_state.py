@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import secrets
 from collections.abc import Callable
@@ -12,7 +11,6 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
-from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from torch.utils.data import Sampler
 from typing_extensions import override
 
@@ -32,9 +30,9 @@ from lightning_scale.callbacks._data_state_elastic import (
     ddp_sampler,
     draws_as_ddp,
     epoch_position_of,
-    finish_epoch_elsewhere,
     keep_samples_per_step,
     rest_of_epoch_sampler,
+    resume_on_another_world,
 )
 from lightning_scale.callbacks._data_state_format import RankDataState, saved_ranks
 from lightning_scale.callbacks._data_state_loaders import (
@@ -43,67 +41,32 @@ from lightning_scale.callbacks._data_state_loaders import (
     restore_loader,
     set_sampler_epoch,
 )
+from lightning_scale.callbacks._data_state_worker_watch import WorkerStartWatch
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.checkpoint.rank_local import per_rank
 from lightning_scale.data.elastic import EpochPosition, RestOfEpoch
 from lightning_scale.data.resumable_loader import make_resumable, run_seed
-from lightning_scale.data.worker_start import WorkerStartWatchdog
 from lightning_scale.errors import ConfigurationError
 from lightning_scale.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["DataStateCheckpoint"]
 
-log = logging.getLogger(__name__)
-
 
 class DataStateCheckpoint(Callback):
     """Save every rank's dataloader position and RNG states; give each rank its own back on resume.
 
-    Stock Lightning stores one loader state, written by rank 0, which every rank loads; it saves no RNG state and
-    does not restore the sampler's epoch before the resumed iterator draws indices. This callback, at every
-    checkpoint, takes from each rank the ``state_dict()`` of its training ``StatefulDataLoader``\\ (s), the
-    generators of its loaders and samplers, its epoch position and its RNG states (Python, NumPy, torch CPU and
-    CUDA), and stores them as ``{"version": 1, "world_size": W, "ranks": [...]}``, one ``RankDataState`` each
-    (``callbacks/_data_state_format.py``; gathered on rank 0 for a single-file
-    checkpoint; in a sharded one each rank writes its own, see :mod:`lightning_scale.checkpoint.rank_local`;
-    ``"rank_0"``, ``"rank_1"``, ... keys of earlier releases are read too). On resume each rank gets its
-    own entry back, at the moments an uninterrupted run would have had it:
-
-    - the sampler's epoch and the loader's position before the training iterator is created;
-    - the RNG states after that iterator exists (mid-epoch), or before it (a checkpoint on an epoch's last batch,
-      which resumes into the next epoch instead of running an empty one).
-
-    A checkpoint written by a different number of processes resumes too (an elastic job that lost or gained nodes):
-    at an epoch's end the next epoch is split for the new world size; in the middle of an epoch every sample the
-    epoch has left is seen exactly once, dealt to the new processes one global batch at a time
-    (:mod:`lightning_scale.data.elastic`), and the epochs after it are those of a run on the new world size. That
-    needs one training ``DataLoader`` with a batch size, drawn through Lightning's distributed sampler (as it is
-    under DDP), made resumable here, and no ``limit_train_batches``; otherwise the resume is refused before the first
-    step, naming why (a loader whose order differs from the checkpoint's: what differs, with both values, and the
-    fix). The RNG states of the old ranks are not restored on another world size. With ``keep_global_batch=True``
-    the samples per optimizer step stay those of the run that wrote the checkpoint: ``Trainer.accumulate_grad_batches``
-    is set so (4 processes x 8 samples -> 2 processes x 8 samples x 2 batches per step), and a world size that cannot
-    keep it is refused. On one process without a parallel strategy (what Lightning picks for ``strategy="auto"``),
-    where Lightning puts no distributed sampler into the loader, the training loader draws through the one DDP would
-    give it on one process when the fit runs under torchrun or resumes a checkpoint drawn through one: an elastic job
-    that shrinks to one process keeps the global order of its epochs, and can grow again in the middle of one.
-
-    The training loaders are made resumable as users write them (``make_loaders_resumable``, see
-    :func:`~lightning_scale.data.resumable_loader.make_resumable`): torch's ``DataLoader`` becomes a
-    ``StatefulDataLoader`` with the same arguments; ``shuffle=True``, a ``RandomSampler`` (also inside Lightning's
-    ``DistributedSamplerWrapper``) draw each epoch's order from (seed, epoch), the seed being the loader's
-    ``generator``'s, ``seed_everything``'s, or else one drawn at the run's start and checkpointed; workers' RNG
-    states are checkpointed; in a distributed run, workers start from a forkserver when no
-    ``multiprocessing_context`` was chosen and that changes nothing they do. What still cannot resume exactly (an
-    ``IterableDataset`` or a sampler without state, an iterable that is no ``DataLoader``) is named in a warning at
-    the start of every fit; with ``strict=True`` it is refused before the first step. Training loaders whose workers
-    deliver no batch within ``worker_start_timeout_s`` of an epoch's start, and validation loaders whose workers
-    deliver none within it of a validation run's start (the sanity check's included), are reported with every stack
-    of the process and its workers, and the process exits with ``STUCK_WORKERS_EXIT_CODE`` (124) so that the job is
-    restarted.
-
-    ``ResumableCheckpoint`` adds this callback when the Trainer has none; it also works beside Lightning's plain
-    ``ModelCheckpoint``.
+    Stock Lightning stores one loader state, written by rank 0, which every rank loads, and no RNG state. This
+    callback stores each rank's ``RankDataState`` (its training loaders' ``state_dict()`` and generators, its epoch
+    position, its RNG states; ``callbacks/_data_state_format.py``) and gives it back on resume when an uninterrupted
+    run would have had it: the sampler's epoch and the loader's position before the training iterator is created,
+    the RNG states after it (mid-epoch) or before it (at an epoch's end). On another number of processes the rest of
+    the epoch is dealt once to the new ranks (``callbacks/_data_state_elastic.py``), or the resume is refused before
+    the first step, naming why. Training loaders are made resumable as users write them
+    (:func:`~lightning_scale.data.make_resumable`); what cannot resume exactly is named in a warning at every fit's
+    start, or refused with ``strict=True``. Loaders whose workers deliver no first batch within
+    ``worker_start_timeout_s`` are reported with every stack, and the process exits with 124 so that the job is
+    restarted. ``ResumableCheckpoint`` adds this callback when the Trainer has none; it works beside Lightning's
+    ``ModelCheckpoint`` too. The documentation's DataStateCheckpoint page details each.
 
     Args:
         make_loaders_resumable: Rebuild and reseed training loaders as described above; ``False`` leaves them as
@@ -140,7 +103,7 @@ class DataStateCheckpoint(Callback):
         self._pending: RankDataState | None = None  # this rank's saved state, until training starts
         self._problems: list[str] = []
         self._undo_loaders: Callable[[], None] | None = None
-        self._watchdog: WorkerStartWatchdog | None = None
+        self._workers = WorkerStartWatch(worker_start_timeout_s)
         self._drawn_seed: int | None = None  # the run's seed for loaders the user gave none; checkpointed
         self._loaded_checkpoint: dict[str, Any] | None = None  # between on_load_checkpoint and load_state_dict
         self._rest_start: EpochPosition | None = None  # an epoch to finish on this world size, until its loader exists
@@ -168,16 +131,11 @@ class DataStateCheckpoint(Callback):
         if self._undo_loaders is not None:
             self._undo_loaders()
             self._undo_loaders = None
-        self._stop_watchdog()
+        self._workers.close()
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._stop_watchdog()  # Lightning skips teardown after an error; an armed watchdog would end the process later
-
-    def _stop_watchdog(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.close()
-            self._watchdog = None
+        self._workers.close()  # Lightning skips teardown after an error; an armed watchdog would end the process later
 
     def state_dict(self) -> dict[str, Any]:
         if self._trainer is None:
@@ -214,16 +172,9 @@ class DataStateCheckpoint(Callback):
                 self._rest_start = saved.rest_start
         else:
             self._pending = RankDataState(saved.epoch, saved.end_of_epoch)  # no loader or RNG state of another world
-            if saved.end_of_epoch:
-                rank_zero_warn(
-                    f"Resuming a checkpoint written by {saved_world} processes with {world}: the next epoch is split "
-                    f"for {world} processes and the RNG streams are not restored, so this run will not match one that "
-                    f"kept {saved_world} processes."
-                )
-            else:
-                self._rest_start = finish_epoch_elsewhere(
-                    self._trainer, saved, saved_world, world, checkpoint, self.make_loaders_resumable
-                )
+            self._rest_start = resume_on_another_world(
+                self._trainer, saved, saved_world, world, checkpoint, self.make_loaders_resumable
+            )
         if self.keep_global_batch and self._trainer is not None:
             keep_samples_per_step(self._trainer, saved)
 
@@ -257,40 +208,29 @@ class DataStateCheckpoint(Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._rest is not None and trainer.current_epoch > self._rest.start.epoch:
             self._rest = None  # the loaders were built anew for this epoch
-        what = f"rank {trainer.global_rank}, training dataloader(s) of epoch {trainer.current_epoch}"
-        self._watch_worker_start(train_loaders(trainer), what)
+        self._workers.training_epoch_starts(trainer)
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._watchdog is not None:
-            self._watchdog.disarm()
+        self._workers.first_batch()
 
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._trainer is None or trainer.val_dataloaders is None:
-            return  # a fit's validation runs only: its loaders' workers were forked able to report their stacks
-        when = (
-            "the sanity check"
-            if trainer.sanity_checking
-            else f"epoch {trainer.current_epoch}, step {trainer.global_step}"
-        )
-        what = f"rank {trainer.global_rank}, validation dataloader(s) of {when}"
-        self._watch_worker_start(CombinedLoader(trainer.val_dataloaders).flattened, what)
+        if self._trainer is not None:  # a fit's validation runs only: its loaders' workers can report their stacks
+            self._workers.validation_starts(trainer)
 
     @override
     def on_validation_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if self._watchdog is not None:
-            self._watchdog.disarm()
+        self._workers.first_batch()
 
     def _process_loader(self, loader: Any) -> Any:
         trainer = self._trainer
-        if trainer is not None and not trainer.training and getattr(loader, "num_workers", 0) > 0:
-            # validation workers are forked in the loop, before any hook that could arm the watchdog
-            WorkerStartWatchdog.let_workers_report_stacks()
+        if trainer is not None:
+            WorkerStartWatch.loader_prepared(trainer, loader)
         if trainer is None or not trainer.training or not self.make_loaders_resumable:
             return loader  # only training loaders have a position to resume
         name = f"training dataloader #{len(self._problems)} ({type(loader).__name__})"
@@ -359,16 +299,6 @@ class DataStateCheckpoint(Callback):
                 restore_loader(loader, saved[index], end_of_epoch)
         if end_of_epoch and pending.rng is not None:
             restore_rng_state(pending.rng)
-
-    def _watch_worker_start(self, loaders: list[Any], what: str) -> None:
-        """From the start of a training epoch or a validation run to its first batch (which a restored position's
-        fast-forward precedes); the first batch of a loader without a length is fetched ahead before this (for
-        training, in the first epoch of a fit only), unwatched."""
-        if not any(getattr(loader, "num_workers", 0) > 0 for loader in loaders):
-            return
-        if self._watchdog is None:
-            self._watchdog = WorkerStartWatchdog(self.worker_start_timeout_s)
-        self._watchdog.arm(what)
 
 
 def _seed_everything_seed() -> int | None:

@@ -13,8 +13,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from examples.char_transformer import CharDataModule
 from lightning_scale.callbacks import DataStateCheckpoint, ResumableCheckpoint
-from lightning_scale.callbacks import data_state as data_state_module
+from lightning_scale.callbacks import _data_state_worker_watch as worker_watch_module
 from lightning_scale.callbacks._data_state_format import RankDataState
+from lightning_scale.callbacks._data_state_worker_watch import WorkerStartWatch
 from lightning_scale.data import STUCK_WORKERS_EXIT_CODE, WorkerStartWatchdog
 from lightning_scale.data.elastic import EpochPosition
 from tests import fitting
@@ -261,17 +262,17 @@ def test_an_error_before_the_first_batch_stops_the_worker_start_watchdog(tmp_pat
     loader = DataLoader(NoisyDataset(16), batch_size=4, num_workers=1)
     callbacks = [FailsInItsFirstStep(), data_state, ResumableCheckpoint(dirpath=tmp_path)]
     watchdogs = []
-    original = DataStateCheckpoint._watch_worker_start
+    original = WorkerStartWatch._arm
 
     def record(self, loaders, what):
         original(self, loaders, what)
         watchdogs.append(self._watchdog)
 
-    monkeypatch.setattr(DataStateCheckpoint, "_watch_worker_start", record)
+    monkeypatch.setattr(WorkerStartWatch, "_arm", record)
     with pytest.raises(RuntimeError, match="the user's bug"):
         Trainer(max_steps=2, callbacks=callbacks, **tiny_trainer_kwargs).fit(UserMLP(), train_dataloaders=loader)
     assert watchdogs and not watchdogs[0].running  # closed: it cannot end this process 10 minutes from now
-    assert data_state._watchdog is None
+    assert data_state._workers._watchdog is None
 
 
 class BlocksInGetitem(torch.utils.data.Dataset):
@@ -301,7 +302,7 @@ def test_a_validation_loader_whose_workers_never_deliver_is_reported_and_the_pro
         def __init__(self, timeout_s: float) -> None:
             super().__init__(timeout_s, exit_fn=exits.append)
 
-    monkeypatch.setattr(data_state_module, "WorkerStartWatchdog", ExitRecorded)
+    monkeypatch.setattr(worker_watch_module, "WorkerStartWatchdog", ExitRecorded)
     train = DataLoader(NoisyDataset(16), batch_size=4)
     stuck = DataLoader(BlocksInGetitem(), batch_size=4, num_workers=1, multiprocessing_context="fork")
     data_state = DataStateCheckpoint(worker_start_timeout_s=1)
@@ -318,7 +319,7 @@ def test_a_validation_loader_whose_workers_never_deliver_is_reported_and_the_pro
         "rank 0, validation dataloader(s) of epoch 0, step 2: no batch 1 s after its DataLoader workers started" in err
     )
     assert "in blocks_forever" in err and "in __getitem__" in err  # the worker's own stack
-    assert data_state._watchdog is None  # stopped with the fit's error
+    assert data_state._workers._watchdog is None  # stopped with the fit's error
 
 
 class RecordsSamples(Callback):
