@@ -1,8 +1,9 @@
 """Atomic, validated, auto-resuming checkpoints: a drop-in subclass of Lightning's ``ModelCheckpoint``.
 
 The Lightning glue only: when to save and what (Lightning's checkpoint of the Trainer). How files are written is
-:mod:`lightning_scale.checkpoint.saver`'s, the time trigger is ``checkpoint.cadence.SaveTimer``; the run's identity and
-the resume choice are ``_checkpoint_lineage``'s, the format choice ``_checkpoint_format``'s.
+:mod:`lightning_scale.checkpoint.saver`'s, through the overrides of ``ModelCheckpoint``'s save path in
+``_checkpoint_save_path``; the time trigger is ``_checkpoint_timer``'s; the run's identity and the resume choice are
+``_checkpoint_lineage``'s, the format choice ``_checkpoint_format``'s.
 """
 
 from __future__ import annotations
@@ -12,34 +13,29 @@ import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
-from weakref import proxy
 
 import lightning.pytorch as pl
-import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from lightning_scale import distributed
-from lightning_scale._lightning_internals import dump_checkpoint, restore_from_when_unset, trainer_logs_this_step
+from lightning_scale._lightning_internals import restore_from_when_unset
 from lightning_scale._process_local import ProcessLocal
 from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.callbacks._checkpoint_arguments import checked_every_n_minutes, default_dirpath, name_in_dir
 from lightning_scale.callbacks._checkpoint_companions import add_companions
 from lightning_scale.callbacks._checkpoint_format import choose_format, local_cache
 from lightning_scale.callbacks._checkpoint_io import plugin_save_file
-from lightning_scale.callbacks._checkpoint_lineage import RunLineage, reported
+from lightning_scale.callbacks._checkpoint_lineage import RunLineage
+from lightning_scale.callbacks._checkpoint_save_path import SavePath
 from lightning_scale.callbacks._checkpoint_snapshots import MemoryResume, memory_snapshots
+from lightning_scale.callbacks._checkpoint_timer import TimeTrigger
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.callbacks._step_vote import StepVote
-from lightning_scale.callbacks.hang_watchdog import HangWatchdog
-from lightning_scale.checkpoint.background import WriteResult
-from lightning_scale.checkpoint.cadence import SaveTimer
-from lightning_scale.checkpoint.journal import EventKind, RunJournal
+from lightning_scale.checkpoint.journal import RunJournal
 from lightning_scale.checkpoint.rank_zero import on_storage
-from lightning_scale.checkpoint.resume import choose_resume
-from lightning_scale.checkpoint.saver import SaveHooks, Saver, SaveRequest, make_saver
+from lightning_scale.checkpoint.saver import SaveHooks, Saver, make_saver
 from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.checkpoint.writer import CheckpointWriter
 from lightning_scale.errors import ConfigurationError, UsageError
@@ -48,7 +44,7 @@ from lightning_scale.snapshot import SnapshotCadence
 __all__ = ["ResumableCheckpoint"]
 
 
-class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
+class ResumableCheckpoint(ProcessLocal, SavePath):
     """Checkpoints that are atomic, validated on resume, pruned safely and resumed automatically.
 
     A subclass of Lightning's ``ModelCheckpoint`` (its arguments keep their meaning; the documentation's
@@ -175,7 +171,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         self._trainer: pl.Trainer | None = None
         self._store: CheckpointStore | None = None
         self._saver: Saver | None = None
-        self._timer: SaveTimer | None = None
+        self._timer: TimeTrigger | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._synchronous = False
         self._failed: list[str] = []  # names of the background saves found failed at the last collection
@@ -209,12 +205,6 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             self._store = CheckpointStore(str(self.dirpath))
         return self._store
 
-    @property
-    def _saving(self) -> Saver:
-        if self._saver is None:
-            raise RuntimeError("ResumableCheckpoint saves from setup() of fit on.")
-        return self._saver
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
@@ -239,11 +229,10 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         hooks = SaveHooks(durable=self._durable, landed=self._landed, warn=rank_zero_warn, clock=self._clock)
         self._saver = make_saver(files, hooks, fmt.sharded, fmt.native, self.async_save)
         if self.every_n_minutes is not None and self._timer is None:
-            self._timer = SaveTimer(self.every_n_minutes, self.mean_time_between_interruptions_hours, self._clock)
+            mtbi_hours = self.mean_time_between_interruptions_hours
+            self._timer = TimeTrigger(self.every_n_minutes, mtbi_hours, self._clock, owner=self)
         if self._timer is not None:
-            StepVote.of(trainer).join(
-                self, lambda trainer, outputs: self._timer is not None and self._timer.due(), deferred=True
-            )
+            self._timer.join(trainer)
         self._lineage.begin(self.store)
         if self._snapshots is not None:
             self._snapshots.setup(trainer, str(self.dirpath))
@@ -293,7 +282,7 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         resumed = None if trainer.ckpt_path is None else str(trainer.ckpt_path)
         self._journal(trainer, "start", world_size=trainer.world_size, nodes=trainer.num_nodes, resumed_from=resumed)
         if self._timer is not None:
-            self._timer.restart()
+            self._timer.timer.restart()
 
     @override
     def on_train_batch_end(
@@ -308,15 +297,8 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
             self._snapshots.on_train_batch_end(trainer, outputs, batch_idx)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._lineage.record_progress(trainer, force=self._last_global_step_saved == trainer.global_step)
-        timer = self._timer
-        if timer is None:
+        if self._timer is None or not self._timer.fires(trainer, pl_module, outputs, batch_idx):
             return
-        if timer.cadence is not None and trainer_logs_this_step(trainer):
-            pl_module.log("checkpoint/interval_minutes", timer.interval_seconds() / 60.0, on_step=True, on_epoch=False)
-            pl_module.log("checkpoint/save_seconds", timer.cadence.save_seconds, on_step=True, on_epoch=False)
-        if not StepVote.of(trainer).agreed(self, trainer, outputs, batch_idx):
-            return
-        timer.restart()  # also when top-k declines, so the next try is a full interval away
         if not self._should_skip_saving_checkpoint(trainer):
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
@@ -372,77 +354,6 @@ class ResumableCheckpoint(ProcessLocal, ModelCheckpoint):
         preemption's checkpoint): the job is leaving these machines, and one that stays up gets its memory back."""
         if self._snapshots is not None:
             self._snapshots.finish(trainer)
-
-    @override
-    def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
-        try:
-            super()._save_last_checkpoint(trainer, monitor_candidates)  # may reuse the state staged for top-k
-        finally:
-            self._saving.forget_staged()
-
-    @override
-    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        started = self._clock()
-        request = SaveRequest(
-            name=name_in_dir(filepath),
-            step=trainer.global_step,
-            state=lambda: dump_checkpoint(trainer, self.save_weights_only),  # on every rank
-            fields=lambda checkpoint: self._lineage.manifest_fields(trainer, checkpoint),
-        )
-        with HangWatchdog.pausing(trainer, f"saving checkpoint {request.name}"):
-            durable = self._saving.save(request, synchronous=self._synchronous)
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = filepath
-        self.last_blocked_seconds = self._clock() - started
-        self._journal(trainer, "checkpoint", name=request.name, seconds=self.last_blocked_seconds, durable=durable)
-        change = self._timer.record(self.last_blocked_seconds) if self._timer is not None else None
-        if change:
-            rank_zero_info(f"ResumableCheckpoint: {change}")
-        if durable:
-            self._notify_loggers(trainer)
-
-    def _journal(self, trainer: pl.Trainer, kind: EventKind, **details: Any) -> None:
-        """Rank 0 records ``kind`` at the current step in the run's journal."""
-        if self.journal is not None and trainer.is_global_zero:
-            self.journal.record(kind, trainer.global_step, **details)
-
-    def _durable(self, seconds: float) -> None:
-        self.last_save_seconds = seconds
-
-    def _landed(self, results: list[WriteResult]) -> None:
-        """Background saves of this rank ended (each failure was reported as it happened)."""
-        self._failed = [result.what for result in results if result.error is not None]
-        self.failed_saves += len(self._failed)
-        if len(self._failed) < len(results) and self._trainer is not None:
-            self._notify_loggers(self._trainer)
-
-    def _notify_loggers(self, trainer: pl.Trainer) -> None:
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
-
-    def _retain(self) -> None:
-        """On the writing rank, once a checkpoint landed: keep the ``keep_last_k`` newest of this run."""
-        if self.keep_last_k is not None and self.monitor is None and self.save_top_k != -1:
-            last = name_in_dir(self.last_model_path) if self.last_model_path else None
-            self._lineage.retain(self._saving.files.remove, self.keep_last_k, last)
-
-    @override
-    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        if trainer.is_global_zero:
-            self._saving.files.remove(name_in_dir(filepath))
-
-    @override
-    def _save_none_monitor_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
-        """Save as ``ModelCheckpoint`` does without a monitor, but leave the previous checkpoint to ``keep_last_k``."""
-        filepath = self._get_metric_interpolated_filepath_name(monitor_candidates, trainer)
-        self.best_model_path = filepath  # before saving: it is part of the state
-        self._save_checkpoint(trainer, filepath)
-
-    @override
-    def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
-        choice = reported(choose_resume(CheckpointStore(str(self.dirpath or default_dirpath(trainer)))))
-        return set() if choice.path is None else {choice.path}
 
     @override
     def state_dict(self) -> dict[str, Any]:
