@@ -54,8 +54,8 @@ def pytest_configure(config: pytest.Config) -> None:
     knobs.SNAPSHOT_DIR = str(_SNAPSHOTS)
 
 
-# The files that take longest (``--durations``), run first so that ``make test``'s two xdist workers end together: a
-# scheduling hint only
+# The files that take longest (``--durations``), run first so that ``make test``'s two xdist workers, which take whole
+# files in collection order (``--dist loadfile --no-loadscope-reorder``), end together: a scheduling hint only
 _LONGEST_FIRST = (
     "benchmarks/test_benchmarks.py",
     "data/test_user_code_matrix.py",
@@ -67,30 +67,17 @@ _LONGEST_FIRST = (
     "examples/test_demo.py",
     "restart/test_warm_restarts.py",
 )
-_SHARED_OUT = ("benchmarks/test_benchmarks.py",)  # files whose tests xdist may share out among its workers
-_ONE_GROUP = ("slurm/",)  # folders whose files share a session fixture (one Slurm cluster): one worker for all
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest files first; under ``--dist loadgroup`` a file's tests stay on one worker (its module-scoped fixtures
-    then run once), and a ``_ONE_GROUP`` folder's files too, except the tests of ``_SHARED_OUT``."""
     tests = Path(__file__).parent
 
-    def relative(item: pytest.Item) -> str:
-        path = Path(item.path)
-        return path.relative_to(tests).as_posix() if path.is_relative_to(tests) else str(path)
-
     def rank(item: pytest.Item) -> int:
-        name = relative(item)
+        path = Path(item.path)
+        name = path.relative_to(tests).as_posix() if path.is_relative_to(tests) else ""
         return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the rest stay in collection order
-    for item in items:
-        name = relative(item)
-        if name not in _SHARED_OUT:
-            group = next((folder for folder in _ONE_GROUP if name.startswith(folder)), name)
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

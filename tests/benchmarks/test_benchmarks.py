@@ -1,6 +1,6 @@
 """Smoke test: every benchmark of the registry runs through `python -m benchmarks.run --quick` and gives its rows of
-the summary JSON. One test per benchmark (``make test``'s xdist workers share them out); timings are never asserted
-here (benchmarks live in benchmarks/, never in timed unit tests)."""
+the summary JSON, one test per benchmark; timings are never asserted here (benchmarks live in benchmarks/, never in
+timed unit tests)."""
 
 from __future__ import annotations
 
