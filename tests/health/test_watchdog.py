@@ -29,12 +29,15 @@ def test_a_phase_without_progress_is_reported_with_its_stacks_and_exits_75(capfd
 
 def test_progress_and_unwatched_phases_never_fire():
     exits: list[int] = []
-    watchdog = ProgressWatchdog(HANG_EXIT_CODE, "", exit_fn=exits.append)
+    now = [0.0]  # the watchdog's clock, moved by the test: a loaded machine cannot make a mark late
+    watchdog = ProgressWatchdog(HANG_EXIT_CODE, "", exit_fn=exits.append, clock=lambda: now[0])
     for step in range(6):  # each mark within the allowance
         watchdog.arm(f"training step {step}", 0.5)
-        time.sleep(0.2)
+        now[0] += 0.45
+        time.sleep(0.05)  # the watchdog's thread looks meanwhile
     watchdog.arm("saving a checkpoint", None)
-    time.sleep(0.8)  # longer than any allowance: unwatched
+    now[0] += 100.0  # longer than any allowance: unwatched
+    time.sleep(0.2)
     watchdog.close()
     watchdog.close()  # safe twice
     assert exits == []
