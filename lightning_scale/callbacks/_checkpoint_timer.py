@@ -40,6 +40,10 @@ class TimeTrigger:
         """Take part in the Trainer's step vote; its result is read a step later (``deferred``)."""
         StepVote.of(trainer).join(self._owner, lambda trainer, outputs: self.timer.due(), deferred=True)
 
+    def restart(self) -> None:
+        """Count the interval from now (training starts)."""
+        self.timer.restart()
+
     def fires(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch_idx: int) -> bool:
         """At a batch's end: log the interval in use and the measured save time, and whether every rank agreed that
         a save is due (the timer then starts again, also when top-k declines, so the next try is an interval away)."""

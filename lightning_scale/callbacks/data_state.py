@@ -119,6 +119,7 @@ class DataStateCheckpoint(Callback):
             self._problems = []
             self._drawn_seed = None  # a resume's checkpoint brings its own back before the loaders are built
             self._saved_distributed = None
+            self._workers = WorkerStartWatch(self.worker_start_timeout_s)  # the attribute as it is when the fit starts
             before_train_iterator(trainer, self._before_train_iterator)
             self._undo_loaders = process_dataloaders_with(trainer, self._process_loader)
 

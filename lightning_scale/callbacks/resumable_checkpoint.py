@@ -282,7 +282,7 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
         resumed = None if trainer.ckpt_path is None else str(trainer.ckpt_path)
         self._journal(trainer, "start", world_size=trainer.world_size, nodes=trainer.num_nodes, resumed_from=resumed)
         if self._timer is not None:
-            self._timer.timer.restart()
+            self._timer.restart()
 
     @override
     def on_train_batch_end(
