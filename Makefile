@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint bytecode
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing API name fails it.
 docs: $(STAMP)

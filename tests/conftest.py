@@ -54,8 +54,8 @@ def pytest_configure(config: pytest.Config) -> None:
     knobs.SNAPSHOT_DIR = str(_SNAPSHOTS)
 
 
-# The files that take longest (``--durations``), run first so that ``make test``'s two xdist workers, which take whole
-# files in collection order (``--dist loadfile --no-loadscope-reorder``), end together: a scheduling hint only
+# The files that take longest (``--durations``), run first so that two xdist workers (docs/development.md), which
+# take whole files in collection order (``--dist loadfile --no-loadscope-reorder``), end together: a hint only
 _LONGEST_FIRST = (
     "benchmarks/test_benchmarks.py",
     "data/test_user_code_matrix.py",
