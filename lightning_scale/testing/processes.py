@@ -7,7 +7,9 @@ Multiprocessing's resource trackers in the tree are spared: each ends by itself 
 gone, and unlinks the named semaphores they leave in ``/dev/shm`` (DataLoader queues' locks), which a lost machine's
 memory takes with it but a machine that only simulates the loss would keep. For the same reason the shared-memory
 segments of torch tensors that a killed process was handing to another (``/dev/shm/torch_<pid>_*``, unlinked by torch
-once received) are removed with it.
+once received) are removed with it, and so are the named semaphores a killed tree had mapped that no process maps
+once it is gone (a tracker that unlinks them first leaves nothing to remove; one killed with its tree, or started
+after the tree was listed, would leave them).
 
 What a finished job left behind is found by a mark in the environment (:data:`JOB_MARK`), which every process of
 the job inherits: DataLoader workers started from a forkserver carry no part of the job's command line.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 from lightning_scale._linux import parent_ids
@@ -45,8 +48,19 @@ def descendants(pid: int) -> list[int]:
 
 def kill_process_tree(pid: int, sig: int = signal.SIGKILL) -> None:
     """Send ``sig`` to ``pid`` and every process below it (the launcher first, so it cannot restart workers) but
-    resource trackers (see the module's description)."""
-    kill_processes([pid, *descendants(pid)], sig)
+    resource trackers (see the module's description). With SIGKILL, the named semaphores of the tree go too."""
+    tree = [pid, *descendants(pid)]
+    mapped = {inode for target in tree for inode in _mapped_shared_memory(target)}
+    killed = kill_processes(tree, sig)
+    if sig == signal.SIGKILL and mapped:
+        deadline = time.monotonic() + 5
+        while any(_mapped_shared_memory(target) for target in killed) and time.monotonic() < deadline:
+            time.sleep(0.05)  # a killed process's memory is released once it is gone (a zombie maps nothing)
+        orphans = mapped - {inode for other in descendants(1) for inode in _mapped_shared_memory(other)}
+        for semaphore in _SHARED_MEMORY.glob("sem.*"):
+            with contextlib.suppress(OSError):
+                if semaphore.stat().st_ino in orphans:
+                    semaphore.unlink()
 
 
 def kill_processes(pids: list[int], sig: int = signal.SIGKILL) -> list[int]:
@@ -63,6 +77,16 @@ def kill_processes(pids: list[int], sig: int = signal.SIGKILL) -> list[int]:
             for segment in _SHARED_MEMORY.glob(f"torch_{target}_*"):
                 segment.unlink(missing_ok=True)
     return sent
+
+
+def _mapped_shared_memory(pid: int) -> set[int]:
+    """The inodes of the ``/dev/shm`` files process ``pid`` maps (a named semaphore's creator maps it under the
+    temporary name it had before it was linked to its own, so the inode is what identifies it)."""
+    with contextlib.suppress(OSError):
+        maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        entries = [fields for fields in (line.split(maxsplit=5) for line in maps) if len(fields) == 6]
+        return {int(fields[4]) for fields in entries if fields[5].startswith(f"{_SHARED_MEMORY}/")}
+    return set()
 
 
 def _resource_tracker(pid: int) -> bool:

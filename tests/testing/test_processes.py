@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lightning_scale._linux import parent_ids
 from lightning_scale.testing import launch_environment
-from lightning_scale.testing.processes import job_environment, kill_processes, processes_of_job
+from lightning_scale.testing.processes import job_environment, kill_process_tree, kill_processes, processes_of_job
 
 
 def test_a_killed_process_takes_its_torch_shared_memory_segments_and_no_other_process_s():
@@ -27,6 +27,39 @@ def test_a_killed_process_takes_its_torch_shared_memory_segments_and_no_other_pr
         bystander.kill()
         bystander.wait()
         segments[bystander.pid].unlink(missing_ok=True)
+
+
+def test_a_killed_tree_takes_the_named_semaphores_it_mapped_even_when_its_tracker_died_first():
+    """What a lost machine's memory takes with it, where the tracker that would unlink it is gone (the CI run of
+    ea48cc8 kept a DataLoader queue's ``sem.mp-*`` after a lost node); a semaphore another process maps stays."""
+    holder = (
+        "import multiprocessing, sys\n"
+        "lock = multiprocessing.get_context('spawn').Lock()\n"
+        "print(lock._semlock.name, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    victim, bystander = (
+        subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    )
+    try:
+        semaphores = {
+            p.pid: Path(f"/dev/shm/sem.{p.stdout.readline().strip().lstrip('/')}") for p in (victim, bystander)
+        }
+        assert all(semaphore.exists() for semaphore in semaphores.values())
+        parents = parent_ids()
+        [tracker] = [
+            pid for pid, parent in parents.items() if parent == victim.pid and b"resource_tracker" in _cmdline(pid)
+        ]
+        assert kill_processes([tracker]) == []  # trackers are spared
+        subprocess.run(["kill", "-9", str(tracker)], check=True)  # gone before the tree, as if killed with its group
+        kill_process_tree(victim.pid)
+        assert victim.wait(timeout=10) == -signal.SIGKILL
+        assert not semaphores[victim.pid].exists() and semaphores[bystander.pid].exists()
+    finally:
+        for process in (victim, bystander):
+            if process.poll() is None:
+                process.communicate("", timeout=60)
 
 
 def test_a_job_s_forkserver_workers_are_found_by_its_mark_which_their_command_lines_lack(tmp_path):
