@@ -45,6 +45,7 @@ from lightning_scale.callbacks._data_state_worker_watch import WorkerStartWatch
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.checkpoint.rank_local import per_rank
 from lightning_scale.data.elastic import EpochPosition, RestOfEpoch
+from lightning_scale.data.forkserver import start_workers_safely
 from lightning_scale.data.resumable_loader import make_resumable, run_seed
 from lightning_scale.errors import ConfigurationError
 from lightning_scale.rng import capture_rng_state, restore_rng_state
@@ -63,14 +64,17 @@ class DataStateCheckpoint(Callback):
     the epoch is dealt once to the new ranks (``callbacks/_data_state_elastic.py``), or the resume is refused before
     the first step, naming why. Training loaders are made resumable as users write them
     (:func:`~lightning_scale.data.make_resumable`); what cannot resume exactly is named in a warning at every fit's
-    start, or refused with ``strict=True``. Loaders whose workers deliver no first batch within
+    start, or refused with ``strict=True``. In a distributed run, the workers of validation, test and prediction
+    loaders start from a forkserver as training loaders' do, unless the loader chose a ``multiprocessing_context``
+    (:func:`~lightning_scale.data.forkserver.start_workers_safely`). Loaders whose workers deliver no first batch within
     ``worker_start_timeout_s`` are reported with every stack, and the process exits with 124 so that the job is
     restarted. ``ResumableCheckpoint`` adds this callback when the Trainer has none; it works beside Lightning's
     ``ModelCheckpoint`` too. The documentation's DataStateCheckpoint page details each.
 
     Args:
-        make_loaders_resumable: Rebuild and reseed training loaders as described above; ``False`` leaves them as
-            given (for pipelines that manage their own state).
+        make_loaders_resumable: Rebuild and reseed training loaders, and start evaluation loaders' workers from a
+            forkserver, as described above; ``False`` leaves every loader as given (for pipelines that manage their
+            own state).
         strict: Refuse to train, before the first step, when a training loader cannot resume exactly.
         worker_start_timeout_s: Seconds a training loader's workers may take to deliver their first batch of an
             epoch, and a validation loader's the first batch of a validation run
@@ -122,6 +126,8 @@ class DataStateCheckpoint(Callback):
             self._workers = WorkerStartWatch(self.worker_start_timeout_s)  # the attribute as it is when the fit starts
             before_train_iterator(trainer, self._before_train_iterator)
             self._undo_loaders = process_dataloaders_with(trainer, self._process_loader)
+        elif self.make_loaders_resumable:  # validate, test, predict: their loaders' workers start safely too
+            self._undo_loaders = process_dataloaders_with(trainer, functools.partial(_evaluation_loader, trainer))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -232,8 +238,10 @@ class DataStateCheckpoint(Callback):
         trainer = self._trainer
         if trainer is not None:
             WorkerStartWatch.loader_prepared(trainer, loader)
-        if trainer is None or not trainer.training or not self.make_loaders_resumable:
-            return loader  # only training loaders have a position to resume
+        if trainer is None or not self.make_loaders_resumable:
+            return loader
+        if not trainer.training:  # only training loaders have a position to resume
+            return _evaluation_loader(trainer, loader)
         name = f"training dataloader #{len(self._problems)} ({type(loader).__name__})"
         start, self._rest_start = self._rest_start, None
         as_ddp = draws_as_ddp(trainer, self._saved_distributed)
@@ -305,3 +313,12 @@ class DataStateCheckpoint(Callback):
 def _seed_everything_seed() -> int | None:
     seed = os.environ.get("PL_GLOBAL_SEED")  # set by lightning's seed_everything
     return None if seed is None else int(seed)
+
+
+def _evaluation_loader(trainer: pl.Trainer, loader: Any) -> Any:
+    """A validation, test or prediction ``loader``, its workers started from a forkserver in a distributed run (their
+    fork can deadlock as a training loader's can; see :mod:`lightning_scale.data.forkserver`)."""
+    stage = trainer.state.stage
+    prefix = stage.dataloader_prefix if stage is not None else "evaluation"
+    start_workers_safely(loader, f"{prefix}_dataloader ({type(loader).__name__})", trainer.world_size)
+    return loader

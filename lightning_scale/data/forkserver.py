@@ -41,6 +41,7 @@ __all__ = [
     "kill_forkserver_workers",
     "safe_worker_context",
     "start_forkserver",
+    "start_workers_safely",
 ]
 
 FORKSERVER_PRELOAD = ["torch", "lightning_scale.data.worker_rng_dataset", "lightning_scale.data._forkserver_setup"]
@@ -69,6 +70,22 @@ def safe_worker_context(loader: Any, name: str) -> multiprocessing.context.BaseC
     context.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when the forkserver starts (once per process)
     start_resource_tracker_apart()  # the workers' semaphores are unlinked even if torchrun kills the rank's group
     return context
+
+
+def start_workers_safely(loader: Any, name: str, world_size: int) -> None:
+    """Have ``loader``'s workers start from a forkserver (:func:`safe_worker_context`) where it has workers in a
+    distributed run and no ``multiprocessing_context`` chosen; the context of any other loader is left as it is. For
+    loaders that are used as they are (validation, test, prediction); a training loader is rebuilt with the context
+    (:func:`~lightning_scale.data.resumable_loader.make_resumable`).
+
+    Args:
+        loader: A ``DataLoader`` (or a subclass) as Lightning prepared it; other objects are left alone.
+        name: How to call the loader in the warning of :func:`safe_worker_context`.
+        world_size: Processes in the run.
+    """
+    chosen = getattr(loader, "multiprocessing_context", "not a DataLoader")
+    if world_size > 1 and chosen is None and loader.num_workers > 0:
+        loader.multiprocessing_context = safe_worker_context(loader, name)
 
 
 def start_forkserver() -> int:

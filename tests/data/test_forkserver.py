@@ -64,3 +64,23 @@ def _command(pid: int) -> str:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:200]
     return "(ended)"
+
+
+def test_an_evaluation_loader_s_workers_take_a_forkserver_only_in_a_distributed_run_without_a_chosen_context():
+    from torch.utils.data import DataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lightning_scale.data.forkserver import start_workers_safely
+
+    def context_after(loader, world_size: int = 2):  # type: ignore[no-untyped-def]
+        start_workers_safely(loader, "val_dataloader (DataLoader)", world_size)
+        context = loader.multiprocessing_context
+        return None if context is None else context.get_start_method()
+
+    data = list(range(8))
+    assert context_after(DataLoader(data, num_workers=2)) == "forkserver"
+    assert context_after(StatefulDataLoader(data, num_workers=1)) == "forkserver"
+    assert context_after(DataLoader(data, num_workers=2, multiprocessing_context="spawn")) == "spawn"  # the user's
+    assert context_after(DataLoader(data, num_workers=2), world_size=1) is None  # one process: no group threads
+    assert context_after(DataLoader(data, num_workers=0)) is None
+    start_workers_safely(iter(data), "a loader that is no DataLoader", 2)  # left alone, no error

@@ -47,8 +47,9 @@ def test_workers_that_never_start_are_reported_with_their_stacks_and_the_job_exi
 
 
 def test_a_validation_loader_whose_worker_never_delivers_is_reported_with_its_stack_and_the_job_exits_124(tmp_path):
-    """Its fork worker blocks in ``__getitem__`` from the validation after epoch 1 on: the sanity check and the
-    validation after epoch 0 pass, that one is reported within the bound instead of waiting for gloo's timeout."""
+    """Its worker (started from a forkserver, as training loaders' are: a forked one can deadlock) blocks in
+    ``__getitem__`` from the validation after epoch 1 on: the sanity check and the validation after epoch 0 pass,
+    that one is reported within the bound instead of waiting for gloo's timeout."""
     started = time.monotonic()
     config = {"epochs": 4, "stuck_validation_from_epoch": 1}
     done = run_job(tmp_path, config, {"LIGHTNING_SCALE_WORKER_START_TIMEOUT_S": "10"})
@@ -57,4 +58,8 @@ def test_a_validation_loader_whose_worker_never_delivers_is_reported_with_its_st
     assert done.returncode != 0 and "exitcode  : 124" in log, log[-3000:]
     assert "validation dataloader(s) of epoch 1, step 4: no batch 10 s after its DataLoader workers started" in log
     assert "in never_delivers" in log and "in __getitem__" in log  # the worker's own stack
+    reads = [line.split() for line in (tmp_path / "validation_reads.txt").read_text().splitlines()]
+    pids = {rank: int((tmp_path / f"rank{rank}.pid").read_text()) for rank in (0, 1)}
+    assert {rank for rank, _, _ in reads} == {"0", "1"}  # the sanity check's and epoch 0's validations delivered
+    assert all(int(parent) != pids[int(rank)] for rank, _, parent in reads)  # forked by a forkserver, not the rank
     assert elapsed < 90, elapsed  # start-up + two epochs + the 10 s bound + the report, not the 120 s group timeout

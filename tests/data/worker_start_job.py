@@ -3,9 +3,9 @@
 Config: ``{"out", "epochs", "stuck_from_epoch", "stuck_validation_from_epoch"}``. Every worker start appends
 ``rank pid parent-pid epoch`` to ``out/starts.txt``; with ``stuck_from_epoch`` set, workers of that epoch never start
 (their ``worker_init_fn`` blocks), which ``DataStateCheckpoint``'s watchdog must turn into a report and exit 124. With
-``stuck_validation_from_epoch`` set, the job also validates after every epoch through a loader with a forked worker
-(no ``multiprocessing_context``, as users write it), which from that epoch on never delivers (its ``__getitem__``
-blocks): the same report and exit code.
+``stuck_validation_from_epoch`` set, the job also validates after every epoch through a loader with a worker and no
+``multiprocessing_context``, as users write it, which from that epoch on never delivers (its ``__getitem__`` blocks):
+the same report and exit code.
 """
 
 from __future__ import annotations
@@ -56,11 +56,13 @@ class Epochs(pl.Callback):
 
 
 class Validation(Dataset):
-    """The user's validation set; from ``stuck_from_epoch`` on (copied into the workers each run forks) a worker
-    blocks in ``__getitem__``, as one deadlocked at start-up would."""
+    """The user's validation set; from ``stuck_from_epoch`` on (copied into the workers each validation starts) a
+    worker blocks in ``__getitem__``, as one deadlocked at start-up would. Each item read appends
+    ``rank pid parent-pid`` to ``out/validation_reads.txt``."""
 
-    def __init__(self, stuck_from_epoch: int) -> None:
+    def __init__(self, stuck_from_epoch: int, out: str, rank: int) -> None:
         self.data, self.stuck_from_epoch, self.epoch = NoisyDataset(8), stuck_from_epoch, 0
+        self.out, self.rank = out, rank
 
     def __len__(self) -> int:
         return len(self.data)
@@ -68,6 +70,8 @@ class Validation(Dataset):
     def __getitem__(self, index: int) -> dict:
         if self.epoch >= self.stuck_from_epoch:
             never_delivers()
+        with open(Path(self.out) / "validation_reads.txt", "a") as handle:
+            handle.write(f"{self.rank} {os.getpid()} {os.getppid()}\n")
         return self.data[index]
 
 
@@ -101,7 +105,7 @@ def main(config_path: str) -> None:
     (Path(config["out"]) / f"rank{rank}.pid").write_text(str(os.getpid()))
     recorder = StartRecorder(config["out"], rank, config.get("stuck_from_epoch"))
     stuck_validation = config.get("stuck_validation_from_epoch")
-    validation = None if stuck_validation is None else Validation(stuck_validation)
+    validation = None if stuck_validation is None else Validation(stuck_validation, config["out"], rank)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
