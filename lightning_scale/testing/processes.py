@@ -8,8 +8,9 @@ gone, and unlinks the named semaphores they leave in ``/dev/shm`` (DataLoader qu
 memory takes with it but a machine that only simulates the loss would keep. For the same reason the shared-memory
 segments of torch tensors that a killed process was handing to another (``/dev/shm/torch_<pid>_*``, unlinked by torch
 once received) are removed with it, and so are the named semaphores a killed tree had mapped that no process maps
-once it is gone (a tracker that unlinks them first leaves nothing to remove; one killed with its tree, or started
-after the tree was listed, would leave them).
+once it is gone (a tracker that unlinks them first leaves nothing to remove; one killed with its tree would leave
+them). The tree is stopped before it is killed: a process forked while it was being killed (a DataLoader worker
+from a forkserver) would otherwise outlive it.
 
 What a finished job left behind is found by a mark in the environment (:data:`JOB_MARK`), which every process of
 the job inherits: DataLoader workers started from a forkserver carry no part of the job's command line.
@@ -48,8 +49,10 @@ def descendants(pid: int) -> list[int]:
 
 def kill_process_tree(pid: int, sig: int = signal.SIGKILL) -> None:
     """Send ``sig`` to ``pid`` and every process below it (the launcher first, so it cannot restart workers) but
-    resource trackers (see the module's description). With SIGKILL, the named semaphores of the tree go too."""
-    tree = [pid, *descendants(pid)]
+    resource trackers (see the module's description). With SIGKILL, the tree is stopped first, so that no process
+    of it starts another while it is killed (one started then would outlive it, its parent gone), and the named
+    semaphores of the tree go with it."""
+    tree = _stopped_tree(pid) if sig == signal.SIGKILL else [pid, *descendants(pid)]
     mapped = {inode for target in tree for inode in _mapped_shared_memory(target)}
     killed = kill_processes(tree, sig)
     if sig == signal.SIGKILL and mapped:
@@ -77,6 +80,26 @@ def kill_processes(pids: list[int], sig: int = signal.SIGKILL) -> list[int]:
             for segment in _SHARED_MEMORY.glob(f"torch_{target}_*"):
                 segment.unlink(missing_ok=True)
     return sent
+
+
+def _stopped_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it, parents first, each stopped (SIGSTOP) but resource trackers: listed again
+    once those found have stopped, until no new one appears."""
+    seen: list[int] = []
+    while new := [target for target in (pid, *descendants(pid)) if target not in seen]:
+        seen += new
+        for target in kill_processes(new, signal.SIGSTOP):
+            deadline = time.monotonic() + 2
+            while _state(target) not in ("T", "t", "Z", "X", None) and time.monotonic() < deadline:
+                time.sleep(0.001)  # the signal is taken when the process next runs: it may still fork until then
+    return seen
+
+
+def _state(pid: int) -> str | None:
+    """Process ``pid``'s state letter (``T``: stopped, ``Z``: a zombie), ``None`` once it is gone."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return None
 
 
 def _mapped_shared_memory(pid: int) -> set[int]:

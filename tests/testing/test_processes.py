@@ -103,3 +103,32 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_a_tree_that_keeps_forking_is_killed_whole(tmp_path):
+    """No process forked while the tree is being killed outlives it (reparented away from the tree, it would)."""
+    forker = (
+        "import os, sys, time\n"
+        "print('forking', flush=True)\n"
+        "for _ in range(400):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    time.sleep(0.002)\n"
+        "sys.stdin.read()\n"
+    )
+    job = tmp_path / "forking"
+    process = subprocess.Popen(
+        [sys.executable, "-c", forker], env=launch_environment([], **job_environment(job)), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "forking\n"
+        time.sleep(0.1)
+        kill_process_tree(process.pid)
+        assert process.wait(timeout=10) == -signal.SIGKILL
+        time.sleep(0.2)  # a process forked meanwhile would be running now
+        assert processes_of_job(job) == []
+    finally:
+        for pid in processes_of_job(job):
+            kill_processes([pid])
