@@ -57,6 +57,7 @@ SMALL_D_MODEL = 32
 SMALL_N_LAYERS = 2  # the example's, the job's default
 WIDE_D_MODEL = 256
 MEMORY_VARIANTS = ("ddp", "zero1", "zero2", "torch_zero", "fsdp", "lightning_model_parallel")
+QUICK_MEMORY_VARIANTS = ("ddp", "zero2", "fsdp")
 WIDE_VARIANTS = ("ddp", "zero1", "zero2", "torch_zero")
 TIMED = ("raw", "ddp", "data_parallel", "zero1", "zero2", "torch_zero", "fsdp", "lightning_model_parallel")
 
@@ -95,16 +96,16 @@ def _paired(mine: dict, other: dict) -> dict[str, float]:
     return paired_ratios([a / b for a, b in zip(mine["step_s"], other["step_s"], strict=True)])
 
 
-def memory(rounds: int, d_model: int, n_layers: int) -> dict[str, dict]:
-    """Per variant: per round, each rank's peak and resident size at the end of a step, less what the same launch
-    costs with the example's own small model (the runtime: Lightning, the process group, the data, the allocator's
-    arenas), so that what is left is the training state's share; the bytes held by construction; the peak's ratio
-    to ``ddp``'s of the same round."""
-    launches: dict[str, list[dict]] = {variant: [] for variant in MEMORY_VARIANTS}
+def memory(rounds: int, d_model: int, n_layers: int, variants: tuple[str, ...] = MEMORY_VARIANTS) -> dict[str, dict]:
+    """Per variant (``ddp`` first among ``variants``): per round, each rank's peak and resident size at the end of a
+    step, less what the same launch costs with the example's own small model (the runtime: Lightning, the process
+    group, the data, the allocator's arenas), so that what is left is the training state's share; the bytes held by
+    construction; the peak's ratio to ``ddp``'s of the same round."""
+    launches: dict[str, list[dict]] = {variant: [] for variant in variants}
     runtime: dict[str, int] = {}
     small_size = (d_model, n_layers) == (SMALL_D_MODEL, SMALL_N_LAYERS)  # --quick: the small launch is the measured one
     for index in range(rounds):
-        for variant in rotated(list(MEMORY_VARIANTS), index):
+        for variant in rotated(list(variants), index):
             if variant not in runtime:
                 small = run([variant], 1, 20, f"--d-model={SMALL_D_MODEL}", "--memory")[variant]
                 runtime[variant] = max(small["rest_bytes"]) - max(sum(rank.values()) for rank in small["memory"])
@@ -130,7 +131,11 @@ def memory(rounds: int, d_model: int, n_layers: int) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 20 steps, small widths (smoke test)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 rounds of 20 steps, small widths, memory of ddp, ZeRO-2, FSDP2 (smoke test)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "data_parallel_step.json"))
     args = parser.parse_args()
     variants = list(TIMED) + ([] if args.quick else ["fp16", "powersgd"])
@@ -138,7 +143,10 @@ def main() -> None:
     table = timing(run(variants, rounds, steps))
     wide_rounds, wide_steps = (2, 20) if args.quick else (7, 40)
     wide = timing(run(list(WIDE_VARIANTS), wide_rounds, wide_steps, f"--d-model={wide_d_model}"))
-    held = memory(1, SMALL_D_MODEL, SMALL_N_LAYERS) if args.quick else memory(2, MEMORY_D_MODEL, MEMORY_N_LAYERS)
+    if args.quick:  # one launch per variant: the sharded ones' rows, not their peers' (timed above)
+        held = memory(1, SMALL_D_MODEL, SMALL_N_LAYERS, QUICK_MEMORY_VARIANTS)
+    else:
+        held = memory(2, MEMORY_D_MODEL, MEMORY_N_LAYERS)
     print(f"data parallel, example transformer, 2 processes (gloo), {rounds} rounds of {steps} steps, rotated")
     header = ("variant", "ms/step", "(min-max)", "/ ddp", "(upper q.)", "all B/rank", "payload B/step")
     print(" ".join(f"{name:>{width}}" for name, width in zip(header, (24, 8, 15, 6, 10, 12, 15), strict=True)))
