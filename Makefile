@@ -29,8 +29,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check lightning_scale tests examples benchmarks
 	$(BIN)/mypy
 
+# two workers, whole files each, the longest first (see docs/development.md)
 test: lint bytecode
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing API name fails it.
 docs: $(STAMP)
