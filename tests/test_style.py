@@ -181,3 +181,22 @@ def test_methods_of_other_objects_are_replaced_only_through_the_internals_module
 )
 def test_the_style_check_catches_a_method_replaced_on_another_object(source, patches):
     assert len(_patches(source)) == patches
+
+
+MODULE_LINES = 400  # any module of the package
+CLI_MODULE_LINES = 200  # one job per module of lightning_scale/cli/
+CLASS_LINES = {"callbacks/data_state.py": ("DataStateCheckpoint", 250)}  # glue over the data-state parts
+
+
+def test_modules_and_the_glue_classes_stay_small_enough_to_read():
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative, lines = path.relative_to(PACKAGE).as_posix(), len(path.read_text().splitlines())
+        limit = CLI_MODULE_LINES if relative.startswith("cli/") else MODULE_LINES
+        if lines > limit:
+            too_long.append(f"{relative}: {lines} lines > {limit}")
+    for relative, (name, limit) in CLASS_LINES.items():
+        [node] = [n for n in ast.parse((PACKAGE / relative).read_text()).body if getattr(n, "name", None) == name]
+        if node.end_lineno - node.lineno + 1 > limit:
+            too_long.append(f"{relative}: class {name} is {node.end_lineno - node.lineno + 1} lines > {limit}")
+    assert too_long == [], "split these into parts of their own (CONTRIBUTING.md):\n" + "\n".join(too_long)

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 from lightning_scale._lightning_internals import train_loaders
 from lightning_scale.data.worker_start import WorkerStartWatchdog
+from lightning_scale.errors import ConfigurationError
 
 __all__ = ["WorkerStartWatch"]
 
@@ -21,6 +22,9 @@ class WorkerStartWatch:
     Args:
         timeout_s: Seconds the workers may take to deliver the first batch.
 
+    Raises:
+        ConfigurationError: ``timeout_s`` is not positive (``DataStateCheckpoint``'s ``worker_start_timeout_s``).
+
     Examples:
         >>> watch = WorkerStartWatch(timeout_s=600)
         >>> watch.first_batch()
@@ -28,6 +32,11 @@ class WorkerStartWatch:
     """
 
     def __init__(self, timeout_s: float) -> None:
+        if timeout_s <= 0:
+            raise ConfigurationError(
+                f"worker_start_timeout_s={timeout_s} must be > 0 (seconds for a loader's workers to deliver their "
+                "first batch)."
+            )
         self.timeout_s = timeout_s
         self._watchdog: WorkerStartWatchdog | None = None
 

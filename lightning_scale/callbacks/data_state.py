@@ -64,17 +64,15 @@ class DataStateCheckpoint(Callback):
     the epoch is dealt once to the new ranks (``callbacks/_data_state_elastic.py``), or the resume is refused before
     the first step, naming why. Training loaders are made resumable as users write them
     (:func:`~lightning_scale.data.make_resumable`); what cannot resume exactly is named in a warning at every fit's
-    start, or refused with ``strict=True``. In a distributed run, the workers of validation, test and prediction
-    loaders start from a forkserver as training loaders' do, unless the loader chose a ``multiprocessing_context``
-    (:func:`~lightning_scale.data.forkserver.start_workers_safely`). Loaders whose workers deliver no first batch within
-    ``worker_start_timeout_s`` are reported with every stack, and the process exits with 124 so that the job is
+    start, or refused with ``strict=True``; evaluation loaders' workers start from a forkserver, as training loaders'
+    do (:func:`~lightning_scale.data.forkserver.start_workers_safely`). Loaders whose workers deliver no first batch
+    within ``worker_start_timeout_s`` are reported with every stack, and the process exits with 124 so that the job is
     restarted. ``ResumableCheckpoint`` adds this callback when the Trainer has none; it works beside Lightning's
     ``ModelCheckpoint`` too. The documentation's DataStateCheckpoint page details each.
 
     Args:
-        make_loaders_resumable: Rebuild and reseed training loaders, and start evaluation loaders' workers from a
-            forkserver, as described above; ``False`` leaves every loader as given (for pipelines that manage their
-            own state).
+        make_loaders_resumable: Rebuild and reseed training loaders as described above (and give evaluation loaders a
+            forkserver); ``False`` leaves every loader as given (for pipelines that manage their own state).
         strict: Refuse to train, before the first step, when a training loader cannot resume exactly.
         worker_start_timeout_s: Seconds a training loader's workers may take to deliver their first batch of an
             epoch, and a validation loader's the first batch of a validation run
@@ -94,11 +92,7 @@ class DataStateCheckpoint(Callback):
         worker_start_timeout_s: float = knobs.WORKER_START_TIMEOUT_S,
         keep_global_batch: bool = False,
     ) -> None:
-        if worker_start_timeout_s <= 0:
-            raise ConfigurationError(
-                f"worker_start_timeout_s={worker_start_timeout_s} must be > 0 (seconds for a loader's workers to "
-                "deliver their first batch)."
-            )
+        self._workers = WorkerStartWatch(worker_start_timeout_s)  # checks the timeout
         self.make_loaders_resumable = make_loaders_resumable
         self.strict = strict
         self.worker_start_timeout_s = worker_start_timeout_s
@@ -107,7 +101,6 @@ class DataStateCheckpoint(Callback):
         self._pending: RankDataState | None = None  # this rank's saved state, until training starts
         self._problems: list[str] = []
         self._undo_loaders: Callable[[], None] | None = None
-        self._workers = WorkerStartWatch(worker_start_timeout_s)
         self._drawn_seed: int | None = None  # the run's seed for loaders the user gave none; checkpointed
         self._loaded_checkpoint: dict[str, Any] | None = None  # between on_load_checkpoint and load_state_dict
         self._rest_start: EpochPosition | None = None  # an epoch to finish on this world size, until its loader exists

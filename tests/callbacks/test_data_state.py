@@ -476,3 +476,11 @@ def test_the_per_rank_state_round_trips_and_an_older_layout_reads_with_defaults(
     assert (older.batches_consumed, older.loaders, older.positions, older.rest_start, older.drawn_seed) == (
         0, None, [], None, None
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("timeout_s", [0, -5.0])
+def test_a_worker_start_timeout_that_is_not_positive_is_refused_naming_the_argument(timeout_s):
+    from lightning_scale.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=rf"worker_start_timeout_s={timeout_s} must be > 0"):
+        DataStateCheckpoint(worker_start_timeout_s=timeout_s)
