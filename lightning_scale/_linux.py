@@ -1,5 +1,5 @@
-"""Linux process relations: a process that must not outlive its parent (the parent-death signal), and who is whose
-parent (``/proc``)."""
+"""Linux process relations: a process that must not outlive its parent (the parent-death signal), who is whose
+parent, and what state a process is in (``/proc``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["die_with_parent", "parent_ids"]
+__all__ = ["die_with_parent", "parent_ids", "process_state"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -36,3 +36,12 @@ def parent_ids() -> dict[int, int]:
             continue  # the process ended while we looked
         parents[int(stat.parent.name)] = int(fields[1])
     return parents
+
+
+def process_state(pid: int) -> str | None:
+    """Process ``pid``'s state letter from ``/proc`` (``R`` running, ``S`` sleeping, ``T`` stopped, ``Z`` a zombie:
+    dead, not yet reaped by its parent), ``None`` once it is gone."""
+    with contextlib.suppress(OSError, IndexError):
+        # after the command's name, which may hold spaces and parentheses
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return None

@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from typing import Any
 
+from lightning_scale._linux import process_state
+
 __all__ = [
     "adopt_forkserver",
     "forkserver_pid",
@@ -84,11 +86,7 @@ def adopt_forkserver() -> None:
 
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    return process_state(pid) not in ("Z", "X", None)
 
 
 def start_resource_tracker_apart() -> None:

@@ -24,7 +24,7 @@ import signal
 import time
 from pathlib import Path
 
-from lightning_scale._linux import parent_ids
+from lightning_scale._linux import parent_ids, process_state
 
 __all__ = ["JOB_MARK", "descendants", "job_environment", "kill_process_tree", "kill_processes", "processes_of_job"]
 
@@ -90,16 +90,9 @@ def _stopped_tree(pid: int) -> list[int]:
         seen += new
         for target in kill_processes(new, signal.SIGSTOP):
             deadline = time.monotonic() + 2
-            while _state(target) not in ("T", "t", "Z", "X", None) and time.monotonic() < deadline:
+            while process_state(target) not in ("T", "t", "Z", "X", None) and time.monotonic() < deadline:
                 time.sleep(0.001)  # the signal is taken when the process next runs: it may still fork until then
     return seen
-
-
-def _state(pid: int) -> str | None:
-    """Process ``pid``'s state letter (``T``: stopped, ``Z``: a zombie), ``None`` once it is gone."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return None
 
 
 def _mapped_shared_memory(pid: int) -> set[int]:
