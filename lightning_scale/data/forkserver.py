@@ -42,6 +42,7 @@ __all__ = [
     "safe_worker_context",
     "start_forkserver",
     "start_workers_safely",
+    "worker_context",
 ]
 
 FORKSERVER_PRELOAD = ["torch", "lightning_scale.data.worker_rng_dataset", "lightning_scale.data._forkserver_setup"]
@@ -72,20 +73,27 @@ def safe_worker_context(loader: Any, name: str) -> multiprocessing.context.BaseC
     return context
 
 
-def start_workers_safely(loader: Any, name: str, world_size: int) -> None:
-    """Have ``loader``'s workers start from a forkserver (:func:`safe_worker_context`) where it has workers in a
-    distributed run and no ``multiprocessing_context`` chosen; the context of any other loader is left as it is. For
-    loaders that are used as they are (validation, test, prediction); a training loader is rebuilt with the context
-    (:func:`~lightning_scale.data.resumable_loader.make_resumable`).
+def worker_context(loader: Any, name: str, world_size: int) -> multiprocessing.context.BaseContext | None:
+    """The context ``loader``'s workers start with in a run of ``world_size`` processes: the one it chose; with
+    workers in a distributed run and none chosen, a forkserver (:func:`safe_worker_context`); else ``None`` (fork).
 
     Args:
-        loader: A ``DataLoader`` (or a subclass) as Lightning prepared it; other objects are left alone.
+        loader: A ``DataLoader`` (or a subclass).
         name: How to call the loader in the warning of :func:`safe_worker_context`.
         world_size: Processes in the run.
     """
-    chosen = getattr(loader, "multiprocessing_context", "not a DataLoader")
-    if world_size > 1 and chosen is None and loader.num_workers > 0:
-        loader.multiprocessing_context = safe_worker_context(loader, name)
+    context = loader.multiprocessing_context
+    if context is None and loader.num_workers > 0 and world_size > 1:
+        return safe_worker_context(loader, name)
+    return context
+
+
+def start_workers_safely(loader: Any, name: str, world_size: int) -> None:
+    """Give ``loader`` the context of :func:`worker_context` where it chose none; other objects than DataLoaders are
+    left alone. For loaders that are used as they are (validation, test, prediction); a training loader is rebuilt
+    with that context (:func:`~lightning_scale.data.resumable_loader.make_resumable`)."""
+    if hasattr(loader, "multiprocessing_context") and loader.multiprocessing_context is None:
+        loader.multiprocessing_context = worker_context(loader, name, world_size)
 
 
 def start_forkserver() -> int:

@@ -29,7 +29,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import BatchSampler as StatefulBatchSampler
 from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
-from lightning_scale.data.forkserver import safe_worker_context
+from lightning_scale.data.forkserver import worker_context
 from lightning_scale.data.worker_rng_dataset import WorkerRNGDataset, WorkerRNGIterableDataset
 
 __all__ = ["EpochSeededSampler", "ResumableLoader", "make_resumable"]
@@ -123,7 +123,7 @@ def make_resumable(
     - with workers, the dataset is wrapped in :class:`WorkerRNGDataset` (or :class:`WorkerRNGIterableDataset`) so
       the workers' RNG states are checkpointed;
     - with workers in a distributed run and no ``multiprocessing_context`` chosen, workers start from a forkserver
-      (see :func:`~lightning_scale.data.forkserver.safe_worker_context`).
+      (see :func:`~lightning_scale.data.forkserver.worker_context`).
 
     Args:
         loader: A training loader as Lightning prepared it (distributed sampler already injected).
@@ -143,16 +143,13 @@ def make_resumable(
     if type(loader) not in _REBUILT_TYPES:
         return ResumableLoader(loader, problems)
     dataset = _dataset_with_worker_rng(loader.dataset, loader.num_workers)
-    context = loader.multiprocessing_context
-    if context is None and loader.num_workers > 0 and world_size > 1:
-        context = safe_worker_context(loader, name)
     kwargs: dict[str, Any] = {
         "num_workers": loader.num_workers,
         "collate_fn": loader.collate_fn,
         "pin_memory": loader.pin_memory,
         "timeout": loader.timeout,
         "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": context,
+        "multiprocessing_context": worker_context(loader, name, world_size),
         "generator": loader.generator if loader.generator is not None else _worker_seed_generator(seed, rank),
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": loader.persistent_workers,
