@@ -1,9 +1,11 @@
 """A user's 2-process DDP job (``python -m`` under torchrun) with ``StragglerDetector`` and ``CostTracker``, logging
 to a CSV file; one rank can be made slow.
 
-Config: ``{"out", "slow_rank", "slow_seconds"}``: rank ``slow_rank``'s ``training_step`` sleeps ``slow_seconds``
-(``slow_rank`` null: a balanced run). Rank 0 writes ``result.json`` (the detector's report, the ranks it named and
-what they cost), ``weights.pt`` and the logger's ``metrics.csv``/``hparams.yaml`` under ``out``.
+Config: ``{"out", "step_seconds", "slow_rank", "slow_seconds"}``: every rank's ``training_step`` sleeps
+``step_seconds`` (a step of a known length, as a GPU step is, whatever the load on this CPU machine), rank
+``slow_rank``'s ``slow_seconds`` more (``slow_rank`` null: a balanced run). Rank 0 writes ``result.json`` (the
+detector's report, the ranks it named and what they cost), ``weights.pt`` and the logger's
+``metrics.csv``/``hparams.yaml`` under ``out``.
 """
 
 from __future__ import annotations
@@ -26,13 +28,12 @@ from tests.jobs import job_configs
 
 
 class SometimesSlowMLP(UserMLP):
-    def __init__(self, slow_rank: int | None, slow_seconds: float) -> None:
+    def __init__(self, step_seconds: float, slow_rank: int | None, slow_seconds: float) -> None:
         super().__init__()
-        self.slow_rank, self.slow_seconds = slow_rank, slow_seconds
+        self.step_seconds, self.slow_rank, self.slow_seconds = step_seconds, slow_rank, slow_seconds
 
     def training_step(self, batch, batch_idx):
-        if self.global_rank == self.slow_rank:
-            time.sleep(self.slow_seconds)
+        time.sleep(self.step_seconds + (self.slow_seconds if self.global_rank == self.slow_rank else 0.0))
         return super().training_step(batch, batch_idx)
 
 
@@ -53,7 +54,7 @@ def run(config: dict) -> None:
         enable_checkpointing=False,
         limit_val_batches=0,
     )
-    model = SometimesSlowMLP(config["slow_rank"], config["slow_seconds"])
+    model = SometimesSlowMLP(config["step_seconds"], config["slow_rank"], config["slow_seconds"])
     trainer.fit(model, datamodule=UserData({"loader": "torch", "shuffle": "shuffle_true"}))
     if trainer.global_rank == 0:
         torch.save(model.state_dict(), out / "weights.pt")

@@ -16,9 +16,11 @@ from tests.jobs import run_json_jobs
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
     configs = {
-        "balanced": {"slow_rank": None, "slow_seconds": 0.0},
-        # the step takes ~5 ms otherwise, 20-30 ms on a loaded machine: a slowdown far above the asserted 2
-        "slowed": {"slow_rank": 1, "slow_seconds": 0.2},
+        # the 5 ms step of a CPU rank is 20-30 ms when the machine is loaded, one rank 1.5 times the other for three
+        # windows in a row (CI): a step of 100 ms, as a GPU step, keeps that scheduling noise under the factor
+        "balanced": {"step_seconds": 0.1, "slow_rank": None, "slow_seconds": 0.0},
+        # a slowdown far above the asserted 2 whatever the load
+        "slowed": {"step_seconds": 0.0, "slow_rank": 1, "slow_seconds": 0.2},
     }
     out = tmp_path_factory.mktemp("stragglers")
     results = run_json_jobs("tests.health.straggler_job", out, configs, devices=2)
