@@ -45,8 +45,9 @@ __all__ = [
     "worker_context",
 ]
 
-FORKSERVER_PRELOAD = ["torch", "lightning_scale.data.worker_rng_dataset", "lightning_scale.data._forkserver_setup"]
-"""Modules the forkserver imports once, so that each worker forked from it starts without importing them."""
+FORKSERVER_PRELOAD = ["lightning_scale.data.worker_rng_dataset", "torch", "lightning_scale.data._forkserver_setup"]
+"""Modules the forkserver imports once, so that each worker forked from it starts without importing them; the package
+first, which imports torch and Lightning with the garbage collector paused (:mod:`lightning_scale._collector`)."""
 
 FORKSERVER_MAX_ARRAY_BYTES = 64 * 1024 * 1024
 """Above this many bytes of tensors and arrays in the dataset (and ``collate_fn``, ``worker_init_fn``), workers keep
