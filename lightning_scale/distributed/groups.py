@@ -94,8 +94,8 @@ def destroy_process_group(process_ends: bool = False) -> None:
     them while the interpreter is whole.
 
     With ``process_ends`` (the caller returns to the interpreter's exit next), what is still alive is frozen out of
-    the collector (``gc.freeze``): the interpreter's final collection skips it, which saves about 1 s of CPU per
-    process of a Lightning job.
+    the collector (``gc.freeze``): the interpreter's final collection skips it, as it skips what importing the package
+    froze (:mod:`lightning_scale._collector`).
     """
     gc.collect()  # first what still refers to the groups (pending work, meshes), while the groups are whole
     if dist.is_available() and dist.is_initialized():
