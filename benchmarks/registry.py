@@ -12,6 +12,7 @@ NAMES = (
     "preemption_cost",
     "pipeline_throughput",
     "resume_time",
+    "process_start",
     "checkpoint_cost",
     "cost_levers",
     "data_loading",

@@ -23,6 +23,7 @@ MEASURES = {  # rows each benchmark's summary must hold (a part of their measure
     "preemption_cost": ("durable checkpoint", "SpotPreemption voting"),
     "pipeline_throughput": ("raw torch pipelining", "largest pipeline_parallel stage"),
     "resume_time": ("first training step",),
+    "process_start": ("frozen imports / stock",),
     "checkpoint_cost": (),
     "cost_levers": (),
     "data_loading": ("resumable loader",),
