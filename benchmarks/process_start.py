@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks._common import machine_info, meets, paired_ratios, rotated, spread
-from benchmarks._summary import Row, bound_text, md_table, span_of, summary_row
+from benchmarks._summary import Row, bound_text, md_s, md_table, span_of, summary_row
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -60,8 +60,7 @@ def main() -> None:
               "holds": meets(ratios["cpu_s"], CPU_TARGET)}  # fmt: skip
     print(f"process start and exit, {rounds} paired rounds: median (min-max) seconds")
     for name, entry in table.items():
-        cpu, wall = entry["cpu_s"], entry["wall_s"]
-        print(f"  {name:<6} CPU {cpu['median']:.2f} ({cpu['min']:.2f}-{cpu['max']:.2f}), wall {wall['median']:.2f}")
+        print(f"  {name:<6} CPU {md_s(entry['cpu_s'])}, wall {md_s(entry['wall_s'])}")
     cpu_ratio, wall_ratio = ratios["cpu_s"], ratios["wall_s"]
     print(f"  ours / stock, CPU: median {cpu_ratio['median']:.3f}, upper quartile {cpu_ratio['upper_quartile']:.3f} "
           f"(target ≤ {CPU_TARGET}); wall {wall_ratio['median']:.3f}")  # fmt: skip
@@ -83,9 +82,7 @@ def rows(result: dict) -> list[Row]:
 
 def details(result: dict) -> str:
     """This benchmark's figures in Markdown, for the Performance page."""
-    table = [[name, f"{e['cpu_s']['median']:.2f} ({e['cpu_s']['min']:.2f}-{e['cpu_s']['max']:.2f})",
-              f"{e['wall_s']['median']:.2f} ({e['wall_s']['min']:.2f}-{e['wall_s']['max']:.2f})"]
-             for name, e in result["table"].items()]  # fmt: skip
+    table = [[name, md_s(entry["cpu_s"]), md_s(entry["wall_s"])] for name, entry in result["table"].items()]
     return f"{result['config']['rounds']} paired rounds:\n\n" + md_table(["variant", "CPU s", "wall s"], table)
 
 
