@@ -1,5 +1,5 @@
-"""Importing lightning-scale leaves Lightning's and torch's objects frozen out of the garbage collector, none of them
-garbage, with the collector running for what the program creates afterwards."""
+"""Importing lightning-scale leaves Lightning's and torch's objects frozen out of the garbage collector, with little
+garbage among them, and the collector running for what the program creates afterwards."""
 
 from __future__ import annotations
 
@@ -30,11 +30,12 @@ print(json.dumps({"frozen": frozen, "enabled": enabled, "later": later, "frozen_
 """
 
 
-def test_import_freezes_lightnings_objects_without_garbage_and_the_collector_runs_afterwards():
+def test_import_freezes_lightnings_objects_with_little_garbage_and_the_collector_runs_afterwards():
     done = subprocess.run([sys.executable, "-c", PROGRAM], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["enabled"] is True
     assert result["frozen"] > 200_000, result  # Lightning's and torch's ~340 K objects
     assert result["later"] >= 2, result  # the cycle made after the import was collected
-    assert result["frozen_garbage"] == 0, result  # the import's garbage was collected before the freeze
+    # the import's own garbage, frozen with it rather than found by a full collection: a small share
+    assert result["frozen_garbage"] < result["frozen"] // 20, result
