@@ -1,5 +1,5 @@
 """Linux process relations: a process that must not outlive its parent (the parent-death signal), who is whose
-parent, and what state a process is in (``/proc``)."""
+parent, what state a process is in and what environment it started with (``/proc``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["die_with_parent", "parent_ids", "process_state"]
+__all__ = ["die_with_parent", "parent_ids", "process_environment", "process_state"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -45,3 +45,12 @@ def process_state(pid: int) -> str | None:
         # after the command's name, which may hold spaces and parentheses
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     return None
+
+
+def process_environment(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with (``/proc/PID/environ``; changes it made since are not in it),
+    empty once it is gone or when it is not ours to read."""
+    with contextlib.suppress(OSError):
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
+    return {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from lightning_scale._lightning_internals import process_group_timeout, route_tr
 from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.checkpoint.journal import RunJournal
 from lightning_scale.errors import ConfigurationError
+from lightning_scale.health.stopped_peers import kill_stopped_peers
 from lightning_scale.health.watchdog import HANG_EXIT_CODE, ProgressWatchdog, StepAllowance
 from lightning_scale.restart import beacon
 from lightning_scale.restart.beacon import Beacon
@@ -36,14 +38,16 @@ class HangWatchdog(Callback):
     resumes from its newest valid checkpoint.
 
     Each rank watches its own progress from a thread that needs no collective (a frozen peer leaves the others
-    blocked in a collective: they stop making progress and exit, and the orchestrator restarts everyone). Progress is
-    every training and validation batch starting and ending. The allowance adapts to the step time measured:
-    ``step_factor`` times the slowest of the last 100 intervals between two marks, at least ``min_timeout_s``; the
-    phases whose length nothing predicts get ``startup_timeout_s``: set-up until the first batch, the first batch of
-    every epoch and of every validation (DataLoader workers starting, the first step's compilation), validation
-    batches, and the end of training; the first training batch after one of them (its warm-up) is not measured into
-    the step times. Checkpoint saves (``ResumableCheckpoint``'s and ``trainer.save_checkpoint``)
-    are not watched: their storage calls have deadlines of their own.
+    blocked in a collective: they stop making progress and exit, and the orchestrator restarts everyone; a stopped
+    local rank of the same torchrun worker group is killed on the way out,
+    :mod:`lightning_scale.health.stopped_peers` says why). Progress is every training and validation batch starting
+    and ending. The allowance adapts to the step time measured: ``step_factor`` times the slowest of the last 100
+    intervals between two marks, at least ``min_timeout_s``; the phases whose length nothing predicts get
+    ``startup_timeout_s``: set-up until the first batch, the first batch of every epoch and of every validation
+    (DataLoader workers starting, the first step's compilation), validation batches, and the end of training; the
+    first training batch after one of them (its warm-up) is not measured into the step times. Checkpoint saves
+    (``ResumableCheckpoint``'s and ``trainer.save_checkpoint``) are not watched: their storage calls have deadlines
+    of their own.
 
     The process group's timeout is kept at least :data:`COLLECTIVE_MARGIN_S` longer than the allowance (raised when
     needed, never lowered): a rank waiting in a collective for a hung peer then lets the peer's own watchdog report
@@ -135,6 +139,11 @@ class HangWatchdog(Callback):
                 journal = getattr(callback, "journal", None)
                 if isinstance(journal, RunJournal) and self._watchdog is not None:
                     journal.record("hang", trainer.global_step, timeout_s=JOURNAL_WAIT_S, phase=self._watchdog.phase)
+            killed = kill_stopped_peers()  # last: this rank's exit code is the failure torchrun sees first
+            if killed:
+                print(f"lightning-scale: rank {trainer.global_rank} killed {killed}, stopped processes of its torchrun "
+                      "worker group: they take no SIGTERM, for which torchrun would wait 30 s before the restart",
+                      file=sys.stderr, flush=True)  # fmt: skip
             self.exit_fn(code)
 
         self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=exit_hung, clock=self._clock)
