@@ -16,9 +16,15 @@ from typing import Literal
 from lightning_scale.testing.job import MARKER, read_job
 from lightning_scale.testing.processes import job_environment, kill_process_tree
 
-__all__ = ["RUNNER", "launch_command", "launch_environment", "run_attempt", "torchrun_failures"]
+__all__ = ["RUNNER", "TORCHRUN", "launch_command", "launch_environment", "run_attempt", "torchrun_failures"]
 
 RUNNER = "lightning_scale.testing.runner"  # python -m RUNNER CONFIG.json: one rank of a JobConfig's job
+TORCHRUN = (
+    "import gc, sys; gc.disable(); from torch.distributed.run import main; gc.freeze(); gc.enable(); sys.exit(main())"
+)
+"""``python -c TORCHRUN ARGS``: torchrun's own entry point, as its ``torchrun`` script runs it, with torch imported
+and frozen the way lightning-scale imports it (:mod:`lightning_scale._collector`): ~0.4 s less CPU per agent than
+``python -m torch.distributed.run``, with the same arguments, processes and behaviour."""
 
 
 def launch_command(
@@ -30,7 +36,7 @@ def launch_command(
     rendezvous_endpoint: str | None = None,
     rendezvous_conf: str | None = None,
 ) -> list[str]:
-    """``python -m torch.distributed.run ... TARGET``, or ``python TARGET`` for one process on one node.
+    """torchrun (``python -c TORCHRUN ... TARGET``), or ``python TARGET`` for one process on one node.
 
     Args:
         target: What each process runs: ``["-m", "module", *args]`` or ``["script.py", *args]``.
@@ -42,8 +48,8 @@ def launch_command(
         rendezvous_conf: torchrun's ``--rdzv-conf`` (e.g. ``"last_call_timeout=2"``).
 
     Examples:
-        >>> launch_command(["-m", "my_job"], 2, max_restarts=1)[1:]  # doctest: +NORMALIZE_WHITESPACE
-        ['-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2', '--max-restarts=1', '-m', 'my_job']
+        >>> launch_command(["-m", "my_job"], 2, max_restarts=1)[3:]  # doctest: +NORMALIZE_WHITESPACE
+        ['--standalone', '--nproc-per-node=2', '--max-restarts=1', '-m', 'my_job']
     """
     if nodes not in (1, "1") and rendezvous_endpoint is None:
         raise ValueError(f"nodes={nodes} needs a rendezvous_endpoint ('host:port') that every agent reaches.")
@@ -58,8 +64,8 @@ def launch_command(
     restarts = [] if max_restarts is None else [f"--max-restarts={max_restarts}"]
     return [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
+        "-c",
+        TORCHRUN,
         *rendezvous,
         f"--nproc-per-node={processes}",
         *restarts,

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from lightning_scale.testing import CloudNotices, CostModel, Fault, JobConfig, launch_command, read_job, write_job
+from lightning_scale.testing.launch import TORCHRUN
 
 
 def job(**changes) -> JobConfig:
@@ -58,7 +59,7 @@ def test_the_launch_command_is_torchrun_for_several_processes_and_python_for_one
     assert launch_command(["-m", "job"], 1, max_restarts=3) == [sys.executable, "-m", "job"]
     two_agents = launch_command(["job.py"], 1, nodes=2, rendezvous_endpoint="127.0.0.1:29500", max_restarts=2)
     assert two_agents[1:] == [
-        "-m", "torch.distributed.run", "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29500",
+        "-c", TORCHRUN, "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29500",
         "--rdzv-id=lightning-scale", "--nproc-per-node=1", "--max-restarts=2", "job.py",
     ]  # fmt: skip
     with pytest.raises(ValueError, match="nodes=2 needs a rendezvous_endpoint"):
