@@ -20,7 +20,7 @@ from lightning_scale._lightning_internals import process_group_timeout, route_tr
 from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.checkpoint.journal import RunJournal
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.health.stopped_peers import kill_stopped_peers
+from lightning_scale.health.stopped import GRACE_S, kill_stopped_peers_after_exit
 from lightning_scale.health.watchdog import HANG_EXIT_CODE, ProgressWatchdog, StepAllowance
 from lightning_scale.restart import beacon
 from lightning_scale.restart.beacon import Beacon
@@ -39,8 +39,8 @@ class HangWatchdog(Callback):
 
     Each rank watches its own progress from a thread that needs no collective (a frozen peer leaves the others
     blocked in a collective: they stop making progress and exit, and the orchestrator restarts everyone; a stopped
-    local rank of the same torchrun worker group is killed on the way out,
-    :mod:`lightning_scale.health.stopped_peers` says why). Progress is every training and validation batch starting
+    local rank of the same torchrun worker group is killed once the reporting rank has exited,
+    :mod:`lightning_scale.health.stopped` says why). Progress is every training and validation batch starting
     and ending. The allowance adapts to the step time measured: ``step_factor`` times the slowest of the last 100
     intervals between two marks, at least ``min_timeout_s``; the phases whose length nothing predicts get
     ``startup_timeout_s``: set-up until the first batch, the first batch of every epoch and of every validation
@@ -139,11 +139,11 @@ class HangWatchdog(Callback):
                 journal = getattr(callback, "journal", None)
                 if isinstance(journal, RunJournal) and self._watchdog is not None:
                     journal.record("hang", trainer.global_step, timeout_s=JOURNAL_WAIT_S, phase=self._watchdog.phase)
-            killed = kill_stopped_peers()  # last: this rank's exit code is the failure torchrun sees first
-            if killed:
-                print(f"lightning-scale: rank {trainer.global_rank} killed {killed}, stopped processes of its torchrun "
-                      "worker group: they take no SIGTERM, for which torchrun would wait 30 s before the restart",
-                      file=sys.stderr, flush=True)  # fmt: skip
+            stopped = kill_stopped_peers_after_exit()  # killed after this exit: torchrun sees this code first
+            if stopped:
+                print(f"lightning-scale: rank {trainer.global_rank}: processes {stopped} of its torchrun worker group "
+                      "are stopped and take no SIGTERM (torchrun would wait 30 s for them before the restart); they "
+                      f"are killed {GRACE_S:g} s after this rank exits", file=sys.stderr, flush=True)  # fmt: skip
             self.exit_fn(code)
 
         self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=exit_hung, clock=self._clock)

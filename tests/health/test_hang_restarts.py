@@ -61,7 +61,7 @@ def test_every_kind_of_hang_is_restarted_and_the_job_ends_bitwise_equal_while_sl
         max_restarts=4,
         hang_watchdog={"min_timeout_s": MIN_TIMEOUT_S, "step_factor": 5.0, "startup_timeout_s": STARTUP_TIMEOUT_S},
         faults=(
-            Fault(step=8, rank=1, kind="SIGSTOP"),  # frozen: rank 0 kills it on its way out (torchrun would wait 30 s)
+            Fault(step=8, rank=1, kind="SIGSTOP"),  # frozen: killed once rank 0 exits (torchrun would wait 30 s)
             Fault(step=11, rank=1, kind="sleep", seconds=3.0),  # 150 steps long: rank 0 waits in the all-reduce
             Fault(step=12, rank=0, kind="sleep", seconds=7.0, save=True),
             Fault(step=16, rank=0, kind="sleep", seconds=7.0, val_batch=0),  # the validation at the epoch's end
@@ -85,7 +85,7 @@ def test_every_kind_of_hang_is_restarted_and_the_job_ends_bitwise_equal_while_sl
         assert started + datetime.timedelta(seconds=allowance - 1) <= exited, (phases, started, exited)
         assert exited <= started + datetime.timedelta(seconds=allowance + DETECTION_SLACK_S), (phases, started, exited)
     assert log.count("Stacks follow.") >= len(HANGS)
-    stopped = re.findall(r"rank 0 killed \[(\d+)\], stopped processes of its torchrun worker group", log)
+    stopped = re.findall(r"rank 0: processes \[(\d+)\] of its torchrun worker group are stopped", log)
     assert len(stopped) == 1, log[-6000:]  # the frozen rank 1, not left to torchrun's 30 s wait for its SIGTERM
     assert "in _hang_once" in log  # the stuck worker's and the stuck training_step's stacks
     assert "made no progress" not in log.split(f"exitcode: {HANG_EXIT_CODE}")[-1]  # the slow phases were spared

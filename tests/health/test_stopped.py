@@ -1,5 +1,5 @@
-"""A hung rank kills the stopped processes of its own torchrun worker group, and nothing else: real processes, this
-test standing in for the torchrun agent (their parent)."""
+"""A hung rank has the stopped processes of its own torchrun worker group killed once it has exited, and nothing else:
+real processes, this test standing in for the torchrun agent (their parent)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ from lightning_scale._linux import process_state
 ROOT = Path(__file__).resolve().parents[2]
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 REPORT = """
-import json, os
-from lightning_scale.health import kill_stopped_peers, stopped_peers
+import json, os, time
+from lightning_scale._linux import process_state
+from lightning_scale.health import kill_stopped_peers_after_exit, stopped_peers
 group = {name: os.environ.pop(name) for name in ("TORCHELASTIC_RUN_ID", "GROUP_RANK")}
 outside = stopped_peers()  # the same siblings, seen from a process that torchrun did not start
 os.environ.update(group)
-print(json.dumps({"outside": outside, "killed": kill_stopped_peers()}))
+peers = kill_stopped_peers_after_exit(grace_s=0.2)
+time.sleep(1.0)
+print(json.dumps({"outside": outside, "peers": peers, "while_alive": [process_state(pid) for pid in peers]}))
 """
 
 
@@ -39,7 +42,7 @@ def _started(env: dict[str, str], stop: bool) -> subprocess.Popen:
 
 
 @pytest.mark.timeout(120)
-def test_only_the_stopped_processes_of_the_same_job_and_node_are_killed():
+def test_only_the_stopped_processes_of_the_same_job_and_node_are_killed_after_the_rank_exits():
     group = {"TORCHELASTIC_RUN_ID": "job-a", "GROUP_RANK": "0"}
     processes = {
         "stopped peer": _started(group, stop=True),
@@ -53,7 +56,8 @@ def test_only_the_stopped_processes_of_the_same_job_and_node_are_killed():
                               capture_output=True, text=True, timeout=90)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         report = json.loads(done.stdout.splitlines()[-1])
-        assert report == {"outside": [], "killed": [processes["stopped peer"].pid]}
+        # left stopped while the rank lived (torchrun must see the rank's own exit first), killed after it ended
+        assert report == {"outside": [], "peers": [processes["stopped peer"].pid], "while_alive": ["T"]}
         assert processes["stopped peer"].wait(timeout=30) == -signal.SIGKILL
         states = {name: process_state(p.pid) for name, p in processes.items() if name != "stopped peer"}
         assert states == {"running peer": "S", "stopped, another job": "T", "stopped, another node's group": "T",
