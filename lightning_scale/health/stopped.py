@@ -28,7 +28,8 @@ GRACE_S = 1.0
 _GROUP = ("TORCHELASTIC_RUN_ID", "GROUP_RANK")
 
 # python -S -c _KILLER RANK_PID GRACE_S PEER...: waits for the rank to end (gone, or a zombie its agent has not reaped),
-# then GRACE_S, then SIGKILLs each peer still stopped; the standard library only, no site-packages
+# then GRACE_S, then SIGKILLs each peer still stopped; the standard library only, no site-packages (its state() is
+# lightning_scale._linux.process_state's: importing the package would cost seconds of torch's and Lightning's import)
 _KILLER = """
 import os, signal, sys, time
 rank, grace, peers = int(sys.argv[1]), float(sys.argv[2]), [int(pid) for pid in sys.argv[3:]]
