@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from lightning_scale._linux import parent_ids
 from lightning_scale._python_internals import fork_forkserver, forkserver_pid, start_resource_tracker_apart
 from lightning_scale.data._forkserver_setup import prepare_server
-from lightning_scale.distributed import has_process_group
 
 __all__ = [
     "FORKSERVER_MAX_ARRAY_BYTES",
@@ -111,7 +111,7 @@ def start_forkserver() -> int:
     forkserver differs) it is started as usual, without waiting for its imports."""
     multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
     start_resource_tracker_apart()  # which the server and its workers use too
-    if threading.active_count() == 1 and not has_process_group():
+    if threading.active_count() == 1 and not (dist.is_available() and dist.is_initialized()):
         for module in FORKSERVER_PRELOAD[:-1]:
             importlib.import_module(module)
         rank = os.getpid()
