@@ -11,18 +11,37 @@ as pytest's doctest collection import every module):
 - the forkserver dies with the rank that started it. A rank killed with SIGKILL (the OOM killer, a lost process)
   otherwise leaves its forkserver running, and the workers forked from it too: a DataLoader worker watches for its
   parent's death, and a forkserver worker's parent is the forkserver. Once the forkserver is gone, its workers see it
-  and exit.
+  and exit;
+- each worker dies with the forkserver, and exits at its start if the server is already gone. A worker watches the
+  parent it found at its start: one forked just before a killed rank took the server with it found init there, and
+  waited forever, holding the resource tracker (and the job's semaphores) with it.
 """
 
 import faulthandler
 import gc
+import multiprocessing.util
 import os
 import signal
+import sys
 import traceback
 
 from lightning_scale._linux import die_with_parent
+
+_server: int | None = None  # in the forkserver and, until they start, its workers: the server's process id
+
+
+def _die_with_the_server(_: object) -> None:
+    """In a worker as it starts (multiprocessing's after-fork hooks): die with the forkserver, or exit now if it is
+    gone; processes the worker starts in turn are left alone."""
+    global _server
+    if _server is not None:
+        server, _server = _server, None
+        die_with_parent(server)
+
 
 faulthandler.register(signal.SIGUSR2, all_threads=True)
 if any(frame.filename.endswith("multiprocessing/forkserver.py") for frame in traceback.extract_stack()):
     gc.freeze()
     die_with_parent(os.getppid())
+    _server = os.getpid()
+    multiprocessing.util.register_after_fork(sys.modules[__name__], _die_with_the_server)

@@ -60,6 +60,54 @@ def test_the_forkserver_and_its_workers_die_with_a_killed_rank(tmp_path):
     assert left == {}
 
 
+_LATE_WORKER = """
+import os, signal, sys, time
+sys.path[:0] = {path!r}
+import torch
+from torch.utils.data import DataLoader, Dataset
+from lightning_scale.data.forkserver import safe_worker_context
+
+
+class SlowToArrive(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        return torch.tensor(index)
+
+    def __setstate__(self, state):  # in the worker, before it starts: the rank and its server die meanwhile
+        time.sleep(3)
+        self.__dict__.update(state)
+
+
+if __name__ == "__main__":
+    data = SlowToArrive()
+    context = safe_worker_context(DataLoader(data, num_workers=1), "loader")
+    batches = iter(DataLoader(data, batch_size=4, num_workers=1, multiprocessing_context=context))
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_starts_after_its_killed_rank_took_the_forkserver_with_it_exits_too(tmp_path):
+    """A worker watches the parent it finds at its start; one that starts after the server died would watch init and
+    wait forever, holding the job's resource tracker and semaphores."""
+    marker = uuid.uuid4().hex
+    script = tmp_path / "rank.py"
+    script.write_text(_LATE_WORKER.format(path=sys.path))
+    env = {**os.environ, "LIGHTNING_SCALE_TEST_MARK": marker}
+    done = subprocess.run([sys.executable, str(script)], env=env, timeout=90)
+    assert done.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 30  # the worker's 3 s of unpickling, then its start
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {pid: _command(pid) for pid in _marked(marker)}
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == {}
+
+
 def _command(pid: int) -> str:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:200]
