@@ -50,14 +50,7 @@ def test_the_forkserver_and_its_workers_die_with_a_killed_rank(tmp_path):
     assert done.returncode == -signal.SIGKILL
     # the forkserver leaves once the rank's end closes its pipe; workers look for their parent every 5 s: seconds
     # on an idle machine, the deadline leaves room for a loaded one
-    deadline = time.monotonic() + 60
-    while _marked(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = {pid: _command(pid) for pid in _marked(marker)}
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    assert left == {}
+    assert _left_after(marker, 60) == {}
 
 
 _LATE_WORKER = """
@@ -98,14 +91,20 @@ def test_a_worker_that_starts_after_its_killed_rank_took_the_forkserver_with_it_
     env = {**os.environ, "LIGHTNING_SCALE_TEST_MARK": marker}
     done = subprocess.run([sys.executable, str(script)], env=env, timeout=90)
     assert done.returncode == -signal.SIGKILL
-    deadline = time.monotonic() + 30  # the worker's 3 s of unpickling, then its start
+    assert _left_after(marker, 30) == {}  # the worker's 3 s of unpickling, then its start
+
+
+def _left_after(marker: str, seconds: float) -> dict[int, str]:
+    """The processes carrying ``marker`` that are still there after ``seconds`` at most, by command line; killed, so
+    that a failure leaves nothing behind."""
+    deadline = time.monotonic() + seconds
     while _marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = {pid: _command(pid) for pid in _marked(marker)}
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    assert left == {}
+    return left
 
 
 def _command(pid: int) -> str:
