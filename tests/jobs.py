@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +40,9 @@ def job_configs(config_path: str) -> Iterator[dict]:
     config = json.loads(Path(config_path).read_text())
     for name, run in config["runs"].items() if "runs" in config else [("", config)]:
         Path(run["out"]).mkdir(parents=True, exist_ok=True)
-        print(f"{RUN_MARKER}{name}", flush=True)
+        # one write (print writes the text and its newline apart, and another rank's line can land between them)
+        sys.stdout.write(f"{RUN_MARKER}{name}\n")
+        sys.stdout.flush()
         yield run
 
 
