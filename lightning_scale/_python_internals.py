@@ -24,6 +24,13 @@
 4. ``start_method_of``: ``BaseProcess._start_method``, how a ``multiprocessing`` process was started (the class of
    the context that made it: ``fork``, ``forkserver``, ``spawn``), ``None`` for a process of the default context.
 
+5. ``fork_forkserver``: ``ForkServer.ensure_running``'s start of the server, done with ``os.fork`` instead of a new
+   interpreter: the same listening socket (``multiprocessing.connection.arbitrary_address``) and "alive" pipe, the
+   ``_forkserver_address``, ``_forkserver_alive_fd`` and ``_forkserver_pid`` it sets, and
+   ``multiprocessing.forkserver.main`` called in the forked process with nothing left to preload. Where ``main``'s
+   parameters differ from the ones this mirrors (Python 3.14 added an authentication key) it starts nothing, and the
+   server is started as usual.
+
 ``tests/test_python_internals.py`` fails loudly when a Python upgrade moves them.
 """
 
@@ -31,19 +38,27 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
+import multiprocessing.connection
 import multiprocessing.forkserver
 import multiprocessing.process
 import multiprocessing.util
 import os
+import signal
+import socket
+import sys
+import threading
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from multiprocessing import resource_tracker
-from typing import Any
+from typing import Any, NoReturn
 
 from lightning_scale._linux import process_state
 
 __all__ = [
     "adopt_forkserver",
+    "fork_forkserver",
     "forkserver_pid",
     "run_exit_functions",
     "start_method_of",
@@ -82,6 +97,60 @@ def adopt_forkserver() -> None:
         launch()
 
     server.ensure_running = ensure_running
+
+
+_FORKSERVER_MAIN = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
+
+
+def fork_forkserver(prepare: Callable[[], None]) -> int | None:
+    """Start multiprocessing's forkserver as a fork of this process, which has already imported what the workers need,
+    instead of an interpreter that imports it all again; its process id. ``prepare`` runs in the server before it
+    serves. ``None`` where a server runs already, or where this Python's forkserver is not the one this mirrors (start
+    it as usual then). Call it from a process that runs no other thread."""
+    server: Any = multiprocessing.forkserver._forkserver
+    if tuple(inspect.signature(multiprocessing.forkserver.main).parameters) != _FORKSERVER_MAIN:
+        return None
+    with server._lock:
+        if server._forkserver_pid is not None:
+            return None
+        resource_tracker.ensure_running()
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = multiprocessing.connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+            listener.bind(address)
+            if not multiprocessing.util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            alive_r, alive_w = os.pipe()  # every client holds the write end; the server ends once all are gone
+            sys.stdout.flush()  # or the server's workers would print what is buffered here again as they exit
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                os.close(alive_w)
+                _serve(listener.fileno(), alive_r, prepare)
+            os.close(alive_r)
+        server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+    return pid
+
+
+def _serve(listener_fd: int, alive_r: int, prepare: Callable[[], None]) -> NoReturn:
+    """The forked server: as a new one would be, with no forkserver of its own and the default signal handlers."""
+    server: Any = multiprocessing.forkserver._forkserver
+    server._lock = threading.Lock()  # held by the parent as it forked
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    code = 1
+    try:
+        for sig in signal.valid_signals():
+            handler = signal.getsignal(sig)
+            if callable(handler) and handler is not signal.default_int_handler:
+                signal.signal(sig, signal.SIG_DFL)
+        prepare()
+        multiprocessing.forkserver.main(listener_fd, alive_r, [])
+    except SystemExit as ended:  # how main ends once every client is gone
+        code = ended.code if isinstance(ended.code, int) else 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def _alive(pid: int) -> bool:

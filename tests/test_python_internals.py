@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -117,3 +119,9 @@ def test_start_method_of_a_process_is_its_context_s():
         assert _python_internals.start_method_of(process) == method
     default = multiprocessing.Process(target=print)
     assert _python_internals.start_method_of(default) == multiprocessing.get_start_method()
+
+
+def test_the_forkserver_s_entry_point_is_the_one_fork_forkserver_mirrors():
+    """Elsewhere ``fork_forkserver`` starts nothing and servers are new interpreters again: seconds of CPU per rank."""
+    parameters = tuple(inspect.signature(multiprocessing.forkserver.main).parameters)
+    assert parameters == _python_internals._FORKSERVER_MAIN

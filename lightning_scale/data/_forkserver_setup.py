@@ -1,10 +1,11 @@
 """Imported once by the forkserver that starts DataLoader workers, after the other modules it preloads (see
-``forkserver.FORKSERVER_PRELOAD``).
+``forkserver.FORKSERVER_PRELOAD``); a forkserver forked from a warm-restart parent calls :func:`prepare_server`
+instead (``forkserver.start_forkserver``).
 
-Every worker forked from it inherits a SIGUSR2 handler that dumps its threads' stacks, which is how
-``WorkerStartWatchdog`` shows where a worker that never delivered a batch is stuck. In the forkserver only (tools such
-as pytest's doctest collection import every module):
+In the forkserver only (tools such as pytest's doctest collection import every module):
 
+- every worker forked from it inherits a SIGUSR2 handler that dumps its threads' stacks, which is how
+  ``WorkerStartWatchdog`` shows where a worker that never delivered a batch is stuck;
 - the preloaded objects are frozen out of the cyclic garbage collector (``gc.freeze``, made for processes that fork):
   workers do not touch their pages when the collector runs, and the server's own exit skips collecting them (about
   1 s of CPU per rank);
@@ -27,7 +28,20 @@ import traceback
 
 from lightning_scale._linux import die_with_parent
 
+__all__ = ["prepare_server"]
+
 _server: int | None = None  # in the forkserver and, until they start, its workers: the server's process id
+
+
+def prepare_server(rank: int) -> None:
+    """In the forkserver: the workers' SIGUSR2 handler; freeze what it holds out of the collector; die with process
+    ``rank``, which started it; have each worker die with the server."""
+    global _server
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
+    gc.freeze()
+    die_with_parent(rank)
+    _server = os.getpid()
+    multiprocessing.util.register_after_fork(sys.modules[__name__], _die_with_the_server)
 
 
 def _die_with_the_server(_: object) -> None:
@@ -39,9 +53,5 @@ def _die_with_the_server(_: object) -> None:
         die_with_parent(server)
 
 
-faulthandler.register(signal.SIGUSR2, all_threads=True)
 if any(frame.filename.endswith("multiprocessing/forkserver.py") for frame in traceback.extract_stack()):
-    gc.freeze()
-    die_with_parent(os.getppid())
-    _server = os.getpid()
-    multiprocessing.util.register_after_fork(sys.modules[__name__], _die_with_the_server)
+    prepare_server(os.getppid())

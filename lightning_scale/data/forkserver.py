@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib
 import io
 import multiprocessing
 import multiprocessing.context
@@ -26,6 +27,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,9 @@ from typing import Any
 import torch
 
 from lightning_scale._linux import parent_ids
-from lightning_scale._python_internals import forkserver_pid, start_resource_tracker_apart
+from lightning_scale._python_internals import fork_forkserver, forkserver_pid, start_resource_tracker_apart
+from lightning_scale.data._forkserver_setup import prepare_server
+from lightning_scale.distributed import has_process_group
 
 __all__ = [
     "FORKSERVER_MAX_ARRAY_BYTES",
@@ -98,11 +102,22 @@ def start_workers_safely(loader: Any, name: str, world_size: int) -> None:
 
 
 def start_forkserver() -> int:
-    """Start multiprocessing's forkserver with :data:`FORKSERVER_PRELOAD` now, without waiting for it to import them;
-    its process id. Processes forked from this one afterwards use it once they adopt it
-    (:func:`lightning_scale._python_internals.adopt_forkserver`)."""
+    """Start multiprocessing's forkserver with :data:`FORKSERVER_PRELOAD` now; its process id. Processes forked from
+    this one afterwards use it once they adopt it (:func:`lightning_scale._python_internals.adopt_forkserver`).
+
+    From a process that runs no other Python thread and no process group, the server is a fork of it, with
+    everything it imported: it serves at once and shares this process's memory, where a new interpreter would spend
+    seconds of CPU and hundreds of MB importing torch and Lightning again. Otherwise (or where this Python's
+    forkserver differs) it is started as usual, without waiting for its imports."""
     multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
     start_resource_tracker_apart()  # which the server and its workers use too
+    if threading.active_count() == 1 and not has_process_group():
+        for module in FORKSERVER_PRELOAD[:-1]:
+            importlib.import_module(module)
+        rank = os.getpid()
+        pid = fork_forkserver(lambda: prepare_server(rank))
+        if pid is not None:
+            return pid
     multiprocessing.forkserver.ensure_running()
     pid = forkserver_pid()
     assert pid is not None, "ensure_running started no forkserver"

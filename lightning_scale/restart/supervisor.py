@@ -9,8 +9,8 @@ parents of a job share a small store (:class:`~lightning_scale.restart.board.Att
   :mod:`~lightning_scale.restart.hangs`; its stacks are printed first), makes its parent say so; every parent then
   kills its own child at once (no rank waits for a collective's timeout), they meet, and each forks the next attempt,
   which resumes from the memory snapshots. Interpreter start, imports and torchrun's restart are not paid again, nor
-  the start of a forkserver for DataLoader workers: the parent starts one before the first attempt, which every
-  attempt uses (:func:`~lightning_scale.data.forkserver.start_forkserver`);
+  the start of a forkserver for DataLoader workers: the parent forks one, with what it imported, before the first
+  attempt, and every attempt uses it (:func:`~lightning_scale.data.forkserver.start_forkserver`);
 - each attempt's process group gets a store of its own (on a free port chosen by rank 0's parent), so no key of a
   failed attempt is read by the next;
 - what is not a failure ends the parent with the child's code, for torchrun and the orchestrator to act on: success
@@ -107,6 +107,8 @@ class Supervisor:
         peer_timeout_s: float = knobs.WARM_PEER_TIMEOUT_S,
         ready_timeout_s: float = knobs.WARM_READY_TIMEOUT_S,
     ) -> None:
+        # first, as a fork of this process holding no socket of the parents' yet; every attempt's workers use it
+        self.forkserver = start_forkserver()
         self.attempt = attempt
         self.max_restarts = max_restarts
         self.poll_s, self.peer_timeout_s, self.ready_timeout_s = poll_s, peer_timeout_s, ready_timeout_s
@@ -115,7 +117,6 @@ class Supervisor:
         self.child: int | None = None  # the child's pid until it is reaped
         self.group: int | None = None  # its process group, until killed (its DataLoader workers may outlive it)
         self.received: int | None = None  # a signal that ends this parent once its child exited
-        self.forkserver: int | None = None  # the DataLoader workers' forkserver every attempt uses, once started
         self._board: AttemptBoard | None = None
         self._links = ParentLinks(self.rank, self.world_size, self.host)
         self._said_gone: set[int] = set()  # ranks rank 0's parent told the others are gone
@@ -142,8 +143,6 @@ class Supervisor:
     def run(self) -> int:
         for sig in _FORWARDED:
             signal.signal(sig, self._forward)
-        # its torch import overlaps the first attempt's set-up, and no later attempt waits for it
-        self.forkserver = start_forkserver()
         if self.rank > 0:
             self._links.connect(self.board.links_port())
         elif self.world_size > 1:
@@ -322,8 +321,7 @@ class Supervisor:
         if self.child is not None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.child, 0)
-        if self.forkserver is not None:
-            kill_forkserver_workers(self.forkserver)
+        kill_forkserver_workers(self.forkserver)
         self.child = self.group = None
 
     def _forward(self, sig: int, frame: Any) -> None:

@@ -131,3 +131,61 @@ def test_an_evaluation_loader_s_workers_take_a_forkserver_only_in_a_distributed_
     assert context_after(DataLoader(data, num_workers=2), world_size=1) is None  # one process: no group threads
     assert context_after(DataLoader(data, num_workers=0)) is None
     start_workers_safely(iter(data), "a loader that is no DataLoader", 2)  # left alone, no error
+
+
+_PARENT = """
+import os, sys, threading, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+from lightning_scale.data.forkserver import start_forkserver
+
+
+class Squares(Dataset):  # of the script: workers find it as forked ones would
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return torch.tensor(float(index * index))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "thread":
+        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    print("buffered before the server started")  # in the buffer as the server forks: printed once, not by workers
+    server = start_forkserver()
+    loader = DataLoader(Squares(), batch_size=4, num_workers=2, multiprocessing_context="forkserver")
+    print(server, [batch.tolist() for batch in loader], flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("threads", ["one", "thread"])
+def test_a_single_threaded_process_forks_its_forkserver_which_serves_at_once_and_ends_with_it(tmp_path, threads):
+    """A warm-restart parent's forkserver is a fork of it (a few ms of CPU, not seconds of imports); a process with
+    another thread running gets a new interpreter as usual. Either way the workers see the script's dataset, and the
+    server and its workers go with a SIGKILLed parent."""
+    marker = uuid.uuid4().hex
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT)
+    env = {**os.environ, "LIGHTNING_SCALE_TEST_MARK": marker}
+    parent = subprocess.Popen([sys.executable, str(script), threads], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline() == "buffered before the server started\n"
+        server, batches = parent.stdout.readline().split(" ", 1)
+        assert batches == "[[0.0, 1.0, 4.0, 9.0], [16.0, 25.0, 36.0, 49.0]]\n"
+        stat = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[1]) == parent.pid
+        forked = b"forkserver" not in Path(f"/proc/{server}/cmdline").read_bytes()
+        assert forked is (threads == "one")
+        if forked:
+            assert (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") < 0.5  # CPU seconds: no import
+    finally:
+        parent.kill()
+        rest = parent.communicate(timeout=60)[0]
+    assert rest == ""
+    deadline = time.monotonic() + 60
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _marked(marker) == []
