@@ -30,10 +30,11 @@ lint: $(STAMP)
 	$(RUFF)
 	$(BIN)/mypy
 
-# ruff, then two workers, whole files each, the longest first (see docs/development.md); mypy is one of the tests
+# ruff, then three workers on CI's two cores (their tests wait often), whole files each, the longest first (see
+# docs/development.md); mypy is one of the tests
 test: bytecode
 	$(RUFF)
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing API name fails it.
 docs: $(STAMP)
