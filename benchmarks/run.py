@@ -8,7 +8,8 @@ are judged stricter still, by every round (``sharded_checkpoint``). Comparisons 
 floors, without a target, and a target stated for a benchmark holds for every configuration it runs.
 
 Each benchmark of :mod:`benchmarks.registry` writes its own JSON (``benchmarks/results/<name>.json``); this module runs
-them one after another, never two at once, and writes ``benchmarks/results/latest.json``: the runs its rows come from
+them one after another, never two at once (one that fails is named at the end, which exits 1, and costs only its own
+rows), and writes ``benchmarks/results/latest.json``: the runs its rows come from
 (command, date, the commit measured and the machine of each: an ``--only`` refresh is a run of its own, see
 :func:`merge_runs`), the summary rows (each benchmark's ``rows``), and every benchmark's full result. The site's
 Performance page is generated from it (:func:`performance_page`, called by ``docs/_hooks/generated.py`` when ``make
@@ -121,19 +122,23 @@ def main() -> None:
     previous = json.loads(Path(args.out).read_text()) if args.only and Path(args.out).exists() else None
     if previous is not None and previous["quick"] == args.quick:  # --only refreshes those rows of the last run
         results, seconds, runs = previous["results"], previous["seconds"], previous["runs"]
+    failed: dict[str, int] = {}  # a benchmark that fails costs its own rows, not the others'
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:  # one at a time: concurrent benchmarks would measure each other
             out = Path(scratch if args.quick else RESULTS) / f"{name}.json"
             command = [sys.executable, "-m", f"benchmarks.{name}", f"--out={out}", *(["--quick"] if args.quick else [])]
             print(f"\n=== {name}: {' '.join(command[1:])}", flush=True)
             started = time.monotonic()
-            subprocess.run(command, check=True, cwd=HERE.parent)
+            code = subprocess.run(command, cwd=HERE.parent).returncode
+            if code != 0:
+                failed[name] = code
+                continue
             seconds[name] = time.monotonic() - started
             results[name] = json.loads(out.read_text())
     summary = [r for name in NAMES if name in results for r in benchmark(name).rows(results[name])]
 
     print(f"\nlightning-scale benchmarks{' (quick: smoke sizes, not for comparison)' if args.quick else ''}")
-    width = max(len(r["measure"]) for r in summary)
+    width = max((len(r["measure"]) for r in summary), default=0)
     for r in summary:
         verdict = "" if r["holds"] is None else ("holds" if r["holds"] else "MISSED")
         print(f"{r['benchmark']:<20} {r['measure']:<{width}} {r['figure']:>24} {r['target'] or '':>7} {verdict}")
@@ -141,9 +146,9 @@ def main() -> None:
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
           f"lightning {machine['lightning']}; {sum(seconds.values()) / 60:.1f} min")  # fmt: skip
     run = {"command": command_line, "date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": machine,
-           "benchmarks": names}  # fmt: skip
+           "benchmarks": [name for name in names if name not in failed]}  # fmt: skip
     latest = {
-        "runs": merge_runs(runs, run),
+        "runs": merge_runs(runs, run) if run["benchmarks"] else runs,
         "quick": args.quick,
         "seconds": seconds,
         "summary": summary,
@@ -151,6 +156,9 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(latest, indent=1))
     print(f"wrote {args.out} (the site's Performance page: make docs)")
+    if failed:
+        codes = ", ".join(f"{name} (exit {code})" for name, code in failed.items())
+        sys.exit(f"benchmarks that failed, without rows in {args.out}: {codes}; their output is above")
 
 
 if __name__ == "__main__":
