@@ -91,15 +91,16 @@ def check(device: str, width: int) -> dict:
 
     if device == "cuda" and not torch.cuda.is_available():
         return {"skipped": "no CUDA device here"}
-    base = Path(tempfile.mkdtemp(prefix="gpu-snapshot-"))
-    reference, job, memory = base / "reference", base / "job", base / "memory"
-    reference.mkdir()
-    job.mkdir()
-    assert _run(reference, device, None, memory, width) == 0
-    assert _run(job, device, KILL_AT, memory, width) == -signal.SIGKILL
-    assert _run(job, device, None, memory, width) == 0
-    expected, got = torch.load(reference / "final.pt"), torch.load(job / "final.pt")
-    timing = json.loads((reference / "timing.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="gpu-snapshot-") as base:
+        reference, job, memory = Path(base, "reference"), Path(base, "job"), Path(base, "memory")
+        reference.mkdir()
+        job.mkdir()
+        assert _run(reference, device, None, memory, width) == 0
+        assert _run(job, device, KILL_AT, memory, width) == -signal.SIGKILL
+        assert _run(job, device, None, memory, width) == 0
+        expected, got = torch.load(reference / "final.pt"), torch.load(job / "final.pt")
+        timing = json.loads((reference / "timing.json").read_text())
+        memory_left = sorted(str(p) for p in memory.rglob("*"))
     seconds = timing["snapshot_seconds"]
     return {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -107,7 +108,7 @@ def check(device: str, width: int) -> dict:
         "state_mb": timing["state_bytes"] / 1e6,
         "snapshot_seconds_median": statistics.median(seconds),
         "snapshot_gb_per_s": timing["state_bytes"] / statistics.median(seconds) / 1e9,
-        "memory_left": sorted(str(p) for p in memory.rglob("*")),
+        "memory_left": memory_left,
     }
 
 

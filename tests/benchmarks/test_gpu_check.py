@@ -4,6 +4,7 @@ checks can fail (a resumed run that differs, memory left behind)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(300)
 def test_the_snapshot_cycle_ends_bitwise_equal_and_frees_its_memory(tmp_path):
-    out = tmp_path / "gpu_snapshot.json"
+    out, scratch = tmp_path / "gpu_snapshot.json", tmp_path / "tmp"
+    scratch.mkdir()
     command = [sys.executable, "-m", "benchmarks.gpu_snapshot", "--device=cpu", "--width=128", f"--out={out}"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["bitwise_equal"] is True and result["memory_left"] == []
+    assert list(scratch.iterdir()) == []  # its runs' directories are gone too
     assert result["snapshot_seconds_median"] > 0
 
 
