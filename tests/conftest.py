@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from lightning_scale import knobs
 from lightning_scale._warnings import ignore_library_warnings
+from lightning_scale.testing.processes import shared_memory_holders
 from tests import suite_guards
 from tests.faulty_fs import FaultyFileSystem
 
@@ -31,7 +32,8 @@ _SNAPSHOTS = Path(
 )
 _shared_memory_before: set[str] = set()
 _shared_memory_left: set[str] = set()
-_shared_memory_first_seen: dict[str, str] = {}  # entry -> the test after which it was first seen
+# entry -> when it was first seen ("at"), after which test ("test"), and the processes that mapped it then ("holders")
+_shared_memory_first_seen: dict[str, dict] = {}
 # where xdist workers leave their first-seen notes for the controller: workers inherit the controller's environment
 _FIRST_SEEN_NOTES = Path(os.environ.get("LIGHTNING_SCALE_TEST_SHM_NOTES") or tempfile.mkdtemp(prefix="shm-notes-"))
 os.environ["LIGHTNING_SCALE_TEST_SHM_NOTES"] = str(_FIRST_SEEN_NOTES)
@@ -116,9 +118,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         notes = _FIRST_SEEN_NOTES / f"{session.config.workerinput['workerid']}.json"  # type: ignore[attr-defined]
         notes.write_text(json.dumps(_shared_memory_first_seen))
         return
-    for notes in sorted(_FIRST_SEEN_NOTES.glob("*.json")):
-        for entry, test in json.loads(notes.read_text()).items():
-            _shared_memory_first_seen.setdefault(entry, test)
+    for notes in sorted(_FIRST_SEEN_NOTES.glob("*.json")):  # the earliest note of an entry, whichever worker's
+        for entry, note in json.loads(notes.read_text()).items():
+            known = _shared_memory_first_seen.get(entry)
+            if known is None or note["at"] < known["at"]:
+                _shared_memory_first_seen[entry] = note
     shutil.rmtree(_FIRST_SEEN_NOTES, ignore_errors=True)
     deadline = time.monotonic() + 5
     while (left := _shared_memory() - _shared_memory_before) and time.monotonic() < deadline:
@@ -136,17 +140,24 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"FAILED: the tests left {len(left)} entries in {_SHARED_MEMORY}: {left[:10]}")
         by_test: dict[str, list[str]] = {}
         for entry in left:
-            by_test.setdefault(_shared_memory_first_seen.get(entry, "(after the last test)"), []).append(entry)
+            test = _shared_memory_first_seen.get(entry, {}).get("test", "(the last test)")
+            by_test.setdefault(test, []).append(entry)
         for test, entries in by_test.items():
             terminalreporter.write_line(f"  first seen after {test}: {len(entries)} ({entries[:3]})")
+            for entry in entries[:3]:
+                for holder in _shared_memory_first_seen.get(entry, {}).get("holders", []):
+                    terminalreporter.write_line(f"    {entry} was mapped by {holder}")
 
 
 @pytest.fixture(autouse=True)
 def _note_shared_memory_left(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Which test an entry of /dev/shm first appeared after: what the failure above names."""
+    """Which test an entry of /dev/shm first appeared after, and which processes mapped it then: what the failure
+    above names. Under xdist the test may be another worker's that ran at the same time: the holders tell."""
     yield
-    for entry in _shared_memory() - _shared_memory_before:
-        _shared_memory_first_seen.setdefault(entry, request.node.nodeid)
+    new = sorted(_shared_memory() - _shared_memory_before - _shared_memory_first_seen.keys())
+    at = time.time()
+    for entry, holders in shared_memory_holders(new).items():
+        _shared_memory_first_seen[entry] = {"at": at, "test": request.node.nodeid, "holders": holders}
 
 
 def _shared_memory() -> set[str]:

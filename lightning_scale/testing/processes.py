@@ -24,9 +24,17 @@ import signal
 import time
 from pathlib import Path
 
-from lightning_scale._linux import parent_ids, process_state
+from lightning_scale._linux import parent_ids, process_environment, process_state
 
-__all__ = ["JOB_MARK", "descendants", "job_environment", "kill_process_tree", "kill_processes", "processes_of_job"]
+__all__ = [
+    "JOB_MARK",
+    "descendants",
+    "job_environment",
+    "kill_process_tree",
+    "kill_processes",
+    "processes_of_job",
+    "shared_memory_holders",
+]
 
 _SHARED_MEMORY = Path("/dev/shm")
 
@@ -103,6 +111,24 @@ def _mapped_shared_memory(pid: int) -> set[int]:
         entries = [fields for fields in (line.split(maxsplit=5) for line in maps) if len(fields) == 6]
         return {int(fields[4]) for fields in entries if fields[5].startswith(f"{_SHARED_MEMORY}/")}
     return set()
+
+
+def shared_memory_holders(names: list[str]) -> dict[str, list[str]]:
+    """For each of ``names`` (entries of ``/dev/shm``), the live processes that map it, each as its id, the job it is
+    marked as (:data:`JOB_MARK`) and its command line: who made what a run left there, while they still live."""
+    inodes = {}
+    for name in names:
+        with contextlib.suppress(OSError):  # gone meanwhile
+            inodes[(_SHARED_MEMORY / name).stat().st_ino] = name
+    holders: dict[str, list[str]] = {name: [] for name in names}
+    for pid in descendants(1) if inodes else []:
+        for inode in _mapped_shared_memory(pid) & inodes.keys():
+            job = process_environment(pid).get(JOB_MARK, "-")
+            with contextlib.suppress(OSError):
+                arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                command = " ".join(" ".join(arguments).split())
+                holders[inodes[inode]].append(f"{pid} job={job} {command[:160]}")
+    return holders
 
 
 def _resource_tracker(pid: int) -> bool:

@@ -11,7 +11,13 @@ from pathlib import Path
 
 from lightning_scale._linux import parent_ids
 from lightning_scale.testing import launch_environment
-from lightning_scale.testing.processes import job_environment, kill_process_tree, kill_processes, processes_of_job
+from lightning_scale.testing.processes import (
+    job_environment,
+    kill_process_tree,
+    kill_processes,
+    processes_of_job,
+    shared_memory_holders,
+)
 
 
 def test_a_killed_process_takes_its_torch_shared_memory_segments_and_no_other_process_s():
@@ -132,3 +138,25 @@ def test_a_tree_that_keeps_forking_is_killed_whole(tmp_path):
     finally:
         for pid in processes_of_job(job):
             kill_processes([pid])
+
+
+def test_the_holders_of_a_named_semaphore_are_named_with_their_job(tmp_path):
+    """What the suite's /dev/shm guard prints for an entry left behind: who mapped it when it was first seen."""
+    holder = (
+        "import multiprocessing, sys\n"
+        "lock = multiprocessing.get_context('spawn').Lock()\n"
+        "print(lock._semlock.name, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    env = launch_environment([], **job_environment(tmp_path / "job"))
+    process = subprocess.Popen(
+        [sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        name = f"sem.{process.stdout.readline().strip().lstrip('/')}"
+        holders = shared_memory_holders([name, "sem.not-there"])
+        assert holders["sem.not-there"] == []
+        [holder_line] = holders[name]
+        assert holder_line.startswith(f"{process.pid} job={tmp_path / 'job'} {sys.executable} -c")
+    finally:
+        process.communicate("", timeout=60)
