@@ -329,16 +329,18 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
         """Path of the newest valid checkpoint in ``dirpath`` (``None``: none); call on every rank (rank 0 looks)."""
         return self._lineage.newest_valid()
 
-    def save_now(self, trainer: pl.Trainer) -> str:
+    def save_now(self, trainer: pl.Trainer, again: bool = False) -> str:
         """Save a checkpoint of the current step now, whatever the triggers say; call on every rank.
 
         Used on preemption. Returns the checkpoint's path once it is durable; when this step is already saved, returns
-        that one. With ``async_save`` it first waits for the save in flight.
+        that one, unless ``again``: then the step is saved anew, with what changed since (a callback's state), and
+        the earlier copy stays valid until the new one is published. With ``async_save`` it first waits for the save
+        in flight.
         """
         self._saving.finish()
         latest = self._last_checkpoint_saved
         latest_failed = distributed.any_rank(bool(latest) and name_in_dir(latest) in self._failed)
-        if self._last_global_step_saved == trainer.global_step and latest and not latest_failed:
+        if self._last_global_step_saved == trainer.global_step and latest and not latest_failed and not again:
             return latest
         filepath = self._get_metric_interpolated_filepath_name(self._monitor_candidates(trainer), trainer)
         self._synchronous = True

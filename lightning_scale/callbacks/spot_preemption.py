@@ -275,7 +275,9 @@ class SpotPreemption(ProcessLocal, Callback):
         path = None
         if save:
             try:
-                path = self._checkpoint.save_now(trainer)
+                # again where this step is saved already (a notice seen in the validation after its checkpoint),
+                # so that the checkpoint the run resumes from holds the notice, for the resumed run's banner
+                path = self._checkpoint.save_now(trainer, again=True)
                 self._checkpoint.release_memory_snapshots(trainer)  # no newer than the checkpoint: not needed
             except CheckpointStorageError as err:  # raised on every rank; the previous checkpoint is untouched
                 rank_zero_warn(f"The emergency checkpoint failed ({err}); exiting anyway.")

@@ -183,6 +183,19 @@ def test_too_little_time_keeps_the_previous_checkpoint_and_still_exits_cleanly(t
     assert "too little time, NOT saving" in (tmp_path / "log.txt").read_text()
 
 
+@pytest.mark.timeout(180)
+def test_a_notice_during_validation_at_a_saved_step_is_kept_for_the_resumed_run(tmp_path):
+    """Validation at step 4 runs after step 4's own checkpoint (``val_check_interval`` and ``checkpoint_every`` alike,
+    as in the shipped configs): the notice seen there saves the step again, with the notice in it, so the resumed run
+    says why it stopped (the Slurm time-limit test once resumed without that line)."""
+    extra = {"trainer_kwargs": {"val_check_interval": 4, "limit_val_batches": 2}}
+    job = single_process_job(tmp_path, 25, faults=(Fault(step=4, rank=0, kind="SIGTERM", val_batch=1),), **extra)
+    assert run_attempt(job, 100, expect="failure") == 143
+    assert "Preempted at step 4 (SIGTERM)" in (tmp_path / "log.txt").read_text()
+    run_attempt(job, 100, expect="finish")
+    assert "Resumed after a preemption: SIGTERM notice, checkpointed at step 4" in (tmp_path / "log.txt").read_text()
+
+
 @pytest.mark.timeout(120)
 def test_a_wandb_offline_run_is_finished_with_the_preemption_before_exit(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
