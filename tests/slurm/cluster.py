@@ -356,7 +356,7 @@ def _wait_until(condition: Callable[[], bool], timeout_s: float, daemons: list[_
 
 def _stop(scratch: Path, env: dict[str, str], daemons: list[_Daemon]) -> list[int]:
     """Cancel every job, stop the daemons (SIGTERM, SIGKILL 10 s later), SIGKILL what is left of the cluster's
-    processes; those that outlived it."""
+    processes (multiprocessing's resource trackers last); those that outlived it."""
     names = {daemon.name: daemon for daemon in daemons}
     if "slurmctld" in names and names["slurmctld"].process.poll() is None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):  # stopping goes on without it
@@ -370,6 +370,12 @@ def _stop(scratch: Path, env: dict[str, str], daemons: list[_Daemon]) -> list[in
                 time.sleep(0.2)
     for daemon in reversed(daemons):  # slurmd, slurmctld, munged
         _terminate(daemon.process)
+    # resource trackers are spared at first: each ends by itself once its processes are gone, and unlinks the named
+    # semaphores they left (killed with them, it would leave those in /dev/shm); one still there 5 s later is killed
+    kill_processes(processes_of(scratch))
+    deadline = time.monotonic() + 5
+    while processes_of(scratch) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for pid in processes_of(scratch):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
