@@ -10,9 +10,12 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# pip compiles each installed module to bytecode one at a time (55 of its 105 s here); compiled on every core afterwards
+# instead (22 s), skipping what does not compile, as pip does (torch ships a file in Python 3.12's syntax)
 $(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev,docs,wandb-report]' > $(VENV)/pip.log 2>&1 \
-		|| { cat $(VENV)/pip.log; echo "pip install failed (log: $(VENV)/pip.log)"; exit 1; }
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c $(CONSTRAINTS) -e '.[dev,docs,wandb-report]' \
+		> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; echo "pip install failed (log: $(VENV)/pip.log)"; exit 1; }
+	$(BIN)/python -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)"
 	$(BIN)/python -c "import lightning_scale, torch, lightning, torchdata, s3fs, moto" 
 	touch $(STAMP)
 
