@@ -94,7 +94,8 @@ class HangWatchdog(Callback):
         self.peer_step_factor = peer_step_factor
         self.exit_fn: Callable[[int], Any] = os._exit
         """Ends the process on a hang."""
-        self._clock: Callable[[], float] = time.monotonic
+        self.clock: Callable[[], float] = time.monotonic
+        """Monotonic seconds that allowances are measured in (set before ``fit``; a test's fake clock)."""
         self._allowance = StepAllowance(min_timeout_s, step_factor, startup_timeout_s)  # checks the arguments
         self._watchdog: ProgressWatchdog | None = None
         self._last_mark: float | None = None  # when the last mark was made (None after a startup phase)
@@ -146,7 +147,7 @@ class HangWatchdog(Callback):
                       f"are killed {GRACE_S:g} s after this rank exits", file=sys.stderr, flush=True)  # fmt: skip
             self.exit_fn(code)
 
-        self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=exit_hung, clock=self._clock)
+        self._watchdog = ProgressWatchdog(HANG_EXIT_CODE, advice, exit_fn=exit_hung, clock=self.clock)
         self._beacon = beacon.current()
         self._trainer = trainer
         has_group = distributed.has_process_group()
@@ -217,7 +218,7 @@ class HangWatchdog(Callback):
     def _mark(self, phase: str) -> None:
         if self._watchdog is None:
             return
-        now = self._clock()
+        now = self.clock()
         if self._last_mark is not None and self._measuring:
             self._allowance.measured(now - self._last_mark)
         self._measuring = self._last_mark is not None  # from the second mark after a start-up phase on
@@ -274,13 +275,13 @@ class HangWatchdog(Callback):
         if watchdog is None:
             yield
             return
-        phase, allowance, started = watchdog.phase, self._armed_s, self._clock()
+        phase, allowance, started = watchdog.phase, self._armed_s, self.clock()
         watchdog.arm(what, None)
         try:
             yield
         finally:
             if self._last_mark is not None:
-                self._last_mark += self._clock() - started
+                self._last_mark += self.clock() - started
             self._arm(phase, allowance)
 
     def _stop(self) -> None:
