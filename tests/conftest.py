@@ -32,8 +32,12 @@ _SNAPSHOTS = Path(
 )
 _shared_memory_before: set[str] = set()
 _shared_memory_left: set[str] = set()
-# entry -> when it was first seen ("at"), after which test ("test"), and the processes that mapped it then ("holders")
+# entry -> when it was first seen ("at"), after which test ("test"), and the processes that mapped it once it had
+# lasted (``_note_shared_memory_left``: "holders")
 _shared_memory_first_seen: dict[str, dict] = {}
+_HOLDERS_AFTER_S = 5.0  # an entry this old has its holders looked up, at most once every _HOLDERS_EVERY_S per worker
+_HOLDERS_EVERY_S = 10.0
+_holders_looked_up = [0.0]  # when this process last did
 # where xdist workers leave their first-seen notes for the controller: workers inherit the controller's environment
 _FIRST_SEEN_NOTES = Path(os.environ.get("LIGHTNING_SCALE_TEST_SHM_NOTES") or tempfile.mkdtemp(prefix="shm-notes-"))
 os.environ["LIGHTNING_SCALE_TEST_SHM_NOTES"] = str(_FIRST_SEEN_NOTES)
@@ -151,13 +155,27 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 @pytest.fixture(autouse=True)
 def _note_shared_memory_left(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Which test an entry of /dev/shm first appeared after, and which processes mapped it then: what the failure
-    above names. Under xdist the test may be another worker's that ran at the same time: the holders tell."""
+    """Which test an entry of /dev/shm first appeared after, and which processes mapped it once it had lasted a few
+    seconds: what the failure above names (under xdist the test may be another worker's that ran at the same time; the
+    holders tell). Most entries are a running job's and go within seconds; finding who maps one reads every process's
+    memory map, so it is done for lasting entries only, at most once every few seconds; entries gone are forgotten."""
     yield
-    new = sorted(_shared_memory() - _shared_memory_before - _shared_memory_first_seen.keys())
-    at = time.time()
-    for entry, holders in shared_memory_holders(new).items():
-        _shared_memory_first_seen[entry] = {"at": at, "test": request.node.nodeid, "holders": holders}
+    now, at = _shared_memory() - _shared_memory_before, time.time()
+    for entry in _shared_memory_first_seen.keys() - now:
+        del _shared_memory_first_seen[entry]
+    for entry in now - _shared_memory_first_seen.keys():
+        _shared_memory_first_seen[entry] = {"at": at, "test": request.node.nodeid}
+    if at - _holders_looked_up[0] < _HOLDERS_EVERY_S:
+        return
+    lasting = [
+        e
+        for e, note in _shared_memory_first_seen.items()
+        if "holders" not in note and at - note["at"] > _HOLDERS_AFTER_S
+    ]
+    if lasting:
+        _holders_looked_up[0] = at
+        for entry, holders in shared_memory_holders(lasting).items():
+            _shared_memory_first_seen[entry]["holders"] = holders
 
 
 def _shared_memory() -> set[str]:
