@@ -125,8 +125,7 @@ def shared_memory_holders(names: list[str]) -> dict[str, list[str]]:
         for inode in _mapped_shared_memory(pid) & inodes.keys():
             job = process_environment(pid).get(JOB_MARK, "-")
             with contextlib.suppress(OSError):
-                arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-                command = " ".join(" ".join(arguments).split())
+                command = " ".join(Path(f"/proc/{pid}/cmdline").read_text(errors="replace").replace("\0", " ").split())
                 holders[inodes[inode]].append(f"{pid} job={job} {command[:160]}")
     return holders
 
