@@ -373,16 +373,18 @@ def _stop(scratch: Path, env: dict[str, str], daemons: list[_Daemon]) -> list[in
     # resource trackers are spared at first: each ends by itself once its processes are gone, and unlinks the named
     # semaphores they left (killed with them, it would leave those in /dev/shm); one still there 5 s later is killed
     kill_processes(processes_of(scratch))
-    deadline = time.monotonic() + 5
-    while processes_of(scratch) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in processes_of(scratch):
+    for pid in _left_after(scratch, 5.0):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while processes_of(scratch) and time.monotonic() < deadline:
+    return _left_after(scratch, 5.0)
+
+
+def _left_after(scratch: Path, seconds: float) -> list[int]:
+    """The cluster's processes still alive once none is, or ``seconds`` later."""
+    deadline = time.monotonic() + seconds
+    while (left := processes_of(scratch)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return processes_of(scratch)
+    return left
 
 
 def _terminate(process: subprocess.Popen) -> None:
