@@ -73,10 +73,11 @@ def test_projection_from_max_epochs_at_the_recent_rate(tmp_path, tiny_trainer_kw
     tracker = CostTracker(price_per_hour=8.0, clock=clock.now)
     seen = []
 
-    class Probe(StepClock):  # after the tracker: its report at step 10 of 2 epochs x 44 batches
+    class Probe(StepClock):  # after the tracker: its report at step 10 of 2 epochs x 44 batches, then the fit stops
         def on_train_batch_end(self, trainer, *args):
             if trainer.global_step == 10:
                 seen.append(tracker.report(10).projected_usd)
+                trainer.should_stop = True
 
     fit([clock, tracker, Probe(0.0)], tiny_trainer_kwargs, max_steps=-1, max_epochs=2, limit_train_batches=44)
     assert seen == [88.0]  # 88 steps at 1 USD
