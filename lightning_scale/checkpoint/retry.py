@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from lightning_scale import knobs
 
-__all__ = ["is_transient", "with_retries"]
+__all__ = ["is_transient", "is_unreachable", "with_retries"]
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,22 @@ def is_transient(error: BaseException) -> bool:
     """
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
+    if is_unreachable(error):
+        return True
+    return isinstance(error, OSError) and error.errno not in _PERMANENT_ERRNOS
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """Whether ``error`` says the other end did not answer: a connection failure or a timeout, builtin or a client
+    library's own class (botocore's ``EndpointConnectionError`` is not a builtin ``ConnectionError``).
+
+    Examples:
+        >>> class EndpointConnectionError(Exception): ...
+        >>> is_unreachable(EndpointConnectionError()), is_unreachable(TimeoutError()), is_unreachable(ValueError())
+        (True, True, False)
+    """
     if isinstance(error, (ConnectionError, TimeoutError)):
         return True
-    if isinstance(error, OSError):
-        return error.errno not in _PERMANENT_ERRNOS
     return any("Connection" in cls.__name__ or "Timeout" in cls.__name__ for cls in type(error).__mro__)
 
 

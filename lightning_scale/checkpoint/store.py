@@ -18,7 +18,7 @@ from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 
 from lightning_scale import knobs
-from lightning_scale.checkpoint.retry import with_retries
+from lightning_scale.checkpoint.retry import is_unreachable, with_retries
 from lightning_scale.errors import UsageError
 
 __all__ = ["CheckpointStorageError", "CheckpointStore", "UnusableStorageError"]
@@ -117,7 +117,7 @@ class CheckpointStore:
                     f"({err}). Create it first (lightning-scale does not create buckets) or fix the name in dirpath."
                 ) from err
             # an endpoint that does not answer may be down for a while: a failure to retry, not a usage error
-            unreachable = isinstance(err, (TimeoutError, ConnectionError, FSTimeoutError))
+            unreachable = is_unreachable(err)  # FSTimeoutError, botocore's EndpointConnectionError, ...
             raise (CheckpointStorageError if unreachable else UnusableStorageError)(
                 f"Cannot write checkpoints to dirpath={self.dirpath!r} ({type(err).__name__}: {err}). "
                 "Choose a directory or bucket this job can create and write files in (dirpath=...), "
