@@ -21,6 +21,6 @@ def consolidate(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     try:
         consolidate_checkpoint(args.checkpoint, args.out)
-    except (OSError, ValueError) as err:  # missing, unreadable or corrupt: say so, without a traceback
+    except (OSError, ValueError, RuntimeError) as err:  # missing, unreadable, corrupt, or OUT taken: no traceback
         parser.error(f"cannot consolidate {args.checkpoint}: {err}")
     print(f"Consolidated {args.checkpoint} into {args.out}")

@@ -77,6 +77,29 @@ def test_consolidate_turns_a_sharded_checkpoint_into_one_file_that_loads_strictl
     for name, tensor in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], tensor), name
     assert checkpoint["global_step"] == 5 and len(checkpoint["optimizer_states"]) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.ckpt", "run"]  # no temporary file left beside it
+
+
+def test_consolidate_refuses_a_shard_its_manifest_does_not_vouch_for_and_never_replaces_a_file(
+    tmp_path, tiny_trainer_kwargs
+):
+    fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=10, keep_last_k=None)
+    step_5, step_10 = tmp_path / "run" / "epoch=0-step=5.ckpt", tmp_path / "run" / "epoch=0-step=10.ckpt"
+    shard = step_10 / "__0_0.distcp"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])  # same size: only the sha256 tells
+    with pytest.raises(ValueError, match=r"step=10\.ckpt is damaged \(its file __0_0\.distcp does not match"):
+        consolidate_checkpoint(step_10, tmp_path / "one.ckpt")
+    assert not (tmp_path / "one.ckpt").exists()
+
+    existing = {p: p.read_bytes() for p in step_10.iterdir()}
+    for taken in [step_10 / "meta.pt", step_10]:  # a file inside a checkpoint, a checkpoint directory
+        with pytest.raises(FileExistsError, match="never replaces a file"):
+            consolidate_checkpoint(step_5, taken)
+    assert {p: p.read_bytes() for p in step_10.iterdir()} == existing
+    with pytest.raises(FileNotFoundError, match="is not a directory: create it first"):
+        consolidate_checkpoint(step_5, tmp_path / "missing" / "one.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
 def test_save_last_replaces_the_last_directory_keeping_a_valid_copy_throughout(tmp_path, tiny_trainer_kwargs):

@@ -180,6 +180,11 @@ def test_consolidating_a_missing_checkpoint_is_a_usage_error(tmp_path, capsys):
     code, _, err = in_process(capsys, "consolidate", str(tmp_path / "nothing.ckpt"), str(tmp_path / "one.ckpt"))
     assert code == 2 and "cannot consolidate" in err and "nothing.ckpt" in err, err[-2000:]
     assert not (tmp_path / "one.ckpt").exists()
+    taken = tmp_path / "taken.ckpt"
+    taken.write_bytes(b"a checkpoint")
+    code, _, err = in_process(capsys, "consolidate", str(tmp_path / "nothing.ckpt"), str(taken))
+    assert code == 2 and "taken.ckpt exists: consolidate never replaces a file" in err, err[-2000:]
+    assert taken.read_bytes() == b"a checkpoint"
 
 
 def test_a_finished_run_leaves_no_process_group_behind(tmp_path):
