@@ -3,6 +3,7 @@ made before anything is built, and the Trainer built with them."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -24,7 +25,7 @@ from lightning_scale.callbacks import (
 from lightning_scale.cli.consolidate import CONSOLIDATE_HELP
 from lightning_scale.cli.progress_bar import ScaleProgressBar
 from lightning_scale.cli.report import REPORT_HELP
-from lightning_scale.errors import UsageError
+from lightning_scale.errors import ConfigurationError, UsageError
 
 __all__ = ["DEFAULT_CALLBACKS", "ScaleCLI"]
 
@@ -71,29 +72,33 @@ class ScaleCLI(LightningCLI):
         strategy = config.get("trainer", {}).get("strategy")
         if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
             names = ", ".join(sorted(StrategyRegistry.available_strategies()))
-            self._error(f"--trainer.strategy {strategy!r} is not a registered strategy; choose one of: {names}.")
+            raise ConfigurationError(
+                f"--trainer.strategy {strategy!r} is not a registered strategy; choose one of: {names}."
+            )
         cost = config.get("cost")
         priced = cost is None or cost.init_args.get("price_per_hour") is not None
         if not priced and (cost.init_args.get("provider") is None or cost.init_args.get("instance_type") is None):
-            self._error(
+            raise ConfigurationError(
                 "--cost needs the price of one node: --cost.price_per_hour 3.2, or --cost.provider gcp "
                 "--cost.instance_type a2-highgpu-1g (add --cost.spot true on spot capacity); --cost null switches "
                 "cost tracking off."
             )
 
     def instantiate_classes(self) -> None:
-        """Build the classes; a bad argument refused by a lightning-scale class is a usage error, not a traceback. W&B
-        is not told the ``anonymous`` setting it would warn about when the user did not set it."""
+        """Build the classes; a bad argument refused by a lightning-scale class raises its usage error, which the
+        command reports in one line, also where jsonargparse folds it into the strategy's error. W&B is not told the
+        ``anonymous`` setting it would warn about when the user did not set it."""
         try:
             super().instantiate_classes()
-        except UsageError as error:
-            self._error(str(error))
+        except ValueError as error:
+            config = self.config.get(str(self.subcommand), self.config)
+            folded = None if isinstance(error, UsageError) else _strategy_usage_error(config["trainer"].get("strategy"))
+            if folded is None:
+                raise
+            raise folded from None
         for logger in self.trainer.loggers:
             if isinstance(logger, WandbLogger):
                 drop_unset_wandb_anonymous(logger)
-
-    def _error(self, message: str) -> None:
-        self._parser(self.subcommand).error(message)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         given = config.get("callbacks") or []
@@ -103,6 +108,23 @@ class ScaleCLI(LightningCLI):
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
             callbacks.append(ScaleProgressBar())  # with the cost so far (CostTracker's progress_bar)
         return super()._instantiate_trainer(config, callbacks)
+
+
+def _strategy_usage_error(strategy: Any) -> UsageError | None:
+    """The usage error that ``strategy`` (a class path with init args) raises when built alone. jsonargparse keeps only
+    its text, folded into the error of ``--trainer.strategy``'s union type (``str | Strategy``), with a traceback."""
+    class_path = getattr(strategy, "class_path", None)
+    if not isinstance(class_path, str):
+        return None
+    module, _, name = class_path.rpartition(".")
+    init_args = strategy.get("init_args")
+    try:
+        getattr(importlib.import_module(module), name)(**(init_args.as_dict() if init_args is not None else {}))
+    except UsageError as error:
+        return error
+    except Exception:  # not a usage error: the original error is reported as it is
+        return None
+    return None
 
 
 def _nodes_of_the_rendezvous(config: Any) -> None:

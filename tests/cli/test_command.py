@@ -135,6 +135,27 @@ def test_bad_input_is_a_usage_error_not_a_traceback(tmp_path, capsys, args, mess
     assert not dirpath.exists()  # refused before anything was written
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trainer.strategy=pipeline_parallel", "--trainer.strategy.n_microbatches=0"], "n_microbatches=0 must be"),
+        (["--trainer.strategy=model_parallel", "--trainer.strategy.tensor_parallel_size=0"], "tensor_parallel_size=0"),
+        (["--trainer.strategy=data_parallel", "--trainer.strategy.zero_stage=1",
+          "--trainer.strategy.grad_compression=powersgd"], "grad_compression='powersgd' cannot act"),
+        (["--trainer.strategy=pipeline_paralel"], "'pipeline_paralel' is not a registered strategy"),
+    ],
+    ids=["pipeline", "model", "data", "unknown-strategy"],
+)  # fmt: skip
+def test_a_strategy_argument_refused_by_its_class_is_one_line_not_a_traceback(tmp_path, capsys, args, message):
+    """jsonargparse folds an error raised while building ``--trainer.strategy`` (a union type) into its own, with a
+    traceback: the command finds the class's usage error again and reports that alone."""
+    code, out, err = in_process(capsys, "fit", *EXAMPLE, *QUICK, f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+                                "--cost.price_per_hour=1", *args)  # fmt: skip
+    lines = [line for line in (out + err).splitlines() if line.startswith("lightning-scale: error:")]
+    assert code == 2 and len(lines) == 1 and message in lines[0], out[-2000:] + err[-3000:]
+    assert "Traceback" not in err and "usage:" not in err
+
+
 def test_consolidate_writes_one_file_that_loads_into_the_model(tmp_path):
     done = lightning_scale(tmp_path, "fit", *EXAMPLE, *QUICK, "--cost=null", "--trainer.logger=false",
                            f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
