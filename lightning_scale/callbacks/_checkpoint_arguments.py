@@ -6,7 +6,9 @@ from datetime import timedelta
 from typing import Literal
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.errors import ConfigurationError
 
 __all__ = ["checked_every_n_minutes", "default_dirpath", "name_in_dir"]
@@ -70,6 +72,31 @@ def checked_every_n_minutes(
     if filename is not None and "/" in filename:
         raise ConfigurationError(f"filename={filename!r} must not contain '/'; put directories into dirpath instead.")
     return every_n_minutes
+
+
+def check_where_and_when(
+    dirpath: str | None, every_n_train_steps: int | None, every_n_epochs: int | None, every_n_minutes: object
+) -> None:
+    """Raise ``ConfigurationError`` for a ``dirpath`` no installed filesystem opens (``UnusableStorageError``) or a
+    negative cadence, before Lightning's ``ModelCheckpoint`` raises its own errors with a traceback; warn when no
+    trigger saves during training."""
+    if dirpath is not None:
+        if not str(dirpath).strip():
+            raise ConfigurationError(
+                "dirpath='' names no directory: pass a directory or an fsspec URL, or leave it unset for "
+                "<default_root_dir>/checkpoints (--checkpoint.dirpath)."
+            )
+        CheckpointStore(str(dirpath))  # an unknown scheme, or a known one whose package is missing
+    for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+        if value is not None and value < 0:
+            raise ConfigurationError(f"{name}={value} must be >= 1, or 0 for no such trigger (--checkpoint.{name}).")
+    lightnings_default = every_n_train_steps is None and every_n_epochs is None  # every epoch
+    if not (every_n_train_steps or every_n_epochs or every_n_minutes is not None or lightnings_default):
+        rank_zero_warn(
+            f"ResumableCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs}) saves "
+            "no checkpoint during training: a run that stops resumes only from a preemption's save, or starts over. "
+            "Set every_n_train_steps, every_n_epochs or every_n_minutes (--checkpoint.every_n_train_steps 50)."
+        )
 
 
 def name_in_dir(filepath: str) -> str:

@@ -23,7 +23,12 @@ from lightning_scale import distributed
 from lightning_scale._lightning_internals import restore_from_when_unset
 from lightning_scale._process_local import ProcessLocal
 from lightning_scale._trainer_attributes import trainer_callbacks
-from lightning_scale.callbacks._checkpoint_arguments import checked_every_n_minutes, default_dirpath, name_in_dir
+from lightning_scale.callbacks._checkpoint_arguments import (
+    check_where_and_when,
+    checked_every_n_minutes,
+    default_dirpath,
+    name_in_dir,
+)
 from lightning_scale.callbacks._checkpoint_companions import add_companions
 from lightning_scale.callbacks._checkpoint_format import choose_format, local_cache
 from lightning_scale.callbacks._checkpoint_io import plugin_save_file
@@ -144,6 +149,7 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
             train_time_interval=train_time_interval, keep_last_k=keep_last_k, save_top_k=save_top_k,
             save_weights_only=save_weights_only,
         )  # fmt: skip
+        check_where_and_when(dirpath, every_n_train_steps, every_n_epochs, every_n_minutes)
         only_time = every_n_minutes is not None and every_n_train_steps is None and every_n_epochs is None
         super().__init__(
             dirpath=dirpath, filename=filename, monitor=monitor, mode=mode, verbose=verbose, save_last=save_last,

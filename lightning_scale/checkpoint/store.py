@@ -65,7 +65,7 @@ class CheckpointStore:
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.dirpath)
         except (ValueError, ImportError) as err:  # an unknown scheme, or a known one whose package is missing
-            raise CheckpointStorageError(
+            raise UnusableStorageError(
                 f"Cannot open dirpath={self.dirpath!r}: {err}. Use a local path or an fsspec URL whose filesystem is "
                 "installed (s3:// needs s3fs, gs:// gcsfs, az:// adlfs)."
             ) from err

@@ -64,10 +64,13 @@ class ScaleCLI(LightningCLI):
             class_path = f"{callback.__module__}.{callback.__qualname__}"
             parser.set_defaults({key: {"class_path": class_path, "init_args": init_args}})
 
+    def _config(self) -> Any:
+        return self.config.get(str(self.subcommand), self.config)
+
     def before_instantiate_classes(self) -> None:
         """Refuse an unknown strategy name and a missing price before anything is built; under torchrun, train on
         the nodes its rendezvous formed."""
-        config = self.config.get(str(self.subcommand), self.config)
+        config = self._config()
         _nodes_of_the_rendezvous(config)
         strategy = config.get("trainer", {}).get("strategy")
         if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
@@ -91,8 +94,7 @@ class ScaleCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except ValueError as error:
-            config = self.config.get(str(self.subcommand), self.config)
-            folded = None if isinstance(error, UsageError) else _strategy_usage_error(config["trainer"].get("strategy"))
+            folded = None if isinstance(error, UsageError) else _folded_usage_error(self._config())
             if folded is None:
                 raise
             raise folded from None
@@ -110,20 +112,25 @@ class ScaleCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
 
-def _strategy_usage_error(strategy: Any) -> UsageError | None:
-    """The usage error that ``strategy`` (a class path with init args) raises when built alone. jsonargparse keeps only
-    its text, folded into the error of ``--trainer.strategy``'s union type (``str | Strategy``), with a traceback."""
-    class_path = getattr(strategy, "class_path", None)
-    if not isinstance(class_path, str):
-        return None
-    module, _, name = class_path.rpartition(".")
-    init_args = strategy.get("init_args")
-    try:
-        getattr(importlib.import_module(module), name)(**(init_args.as_dict() if init_args is not None else {}))
-    except UsageError as error:
-        return error
-    except Exception:  # not a usage error: the original error is reported as it is
-        return None
+def _folded_usage_error(config: Any) -> UsageError | None:
+    """The usage error that the strategy or a callback of ``config`` raises when built alone. jsonargparse builds
+    arguments of union types (``--trainer.strategy``: ``str | Strategy``, ``--checkpoint``: ``ResumableCheckpoint |
+    None``) keeping only the text of what their class raised, folded into an error of its own with a traceback."""
+    trainer = config.get("trainer", {})
+    callbacks = trainer.get("callbacks") or []
+    classes = [trainer.get("strategy"), *[config.get(key) for key in DEFAULT_CALLBACKS]]
+    for spec in [*classes, *(callbacks if isinstance(callbacks, list) else [callbacks])]:
+        class_path = getattr(spec, "class_path", None)
+        if not isinstance(class_path, str):
+            continue
+        module, _, name = class_path.rpartition(".")
+        init_args = spec.get("init_args")
+        try:
+            getattr(importlib.import_module(module), name)(**(init_args.as_dict() if init_args is not None else {}))
+        except UsageError as error:
+            return error
+        except Exception:  # not a usage error: the original error is reported as it is
+            continue
     return None
 
 

@@ -16,6 +16,7 @@ from lightning_scale import knobs
 from lightning_scale.callbacks import CostTracker, DataStateCheckpoint, ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStorageError, CheckpointStore, find_newest_valid
 from lightning_scale.checkpoint.progress import PROGRESS_NAME, ProgressMarker
+from lightning_scale.errors import UsageError
 from tests import fitting
 from tests.fitting import FirstStep
 
@@ -120,11 +121,20 @@ def test_unwritable_dirpath_fails_before_training(tmp_path, tiny_trainer_kwargs)
         ({"every_n_minutes": "auto"}, r"every_n_minutes='auto' and mean_time_between_interruptions_hours go together"),
         ({"mean_time_between_interruptions_hours": 6}, r"go together"),
         ({"every_n_minutes": "auto", "mean_time_between_interruptions_hours": 0}, r"hours=0 must be > 0"),
+        ({"every_n_train_steps": -5}, r"every_n_train_steps=-5 must be >= 1, or 0"),
+        ({"every_n_epochs": -1}, r"every_n_epochs=-1 must be >= 1, or 0"),
+        ({"dirpath": ""}, r"dirpath='' names no directory"),
+        ({"dirpath": "foo://bucket/run"}, r"Cannot open dirpath='foo://bucket/run': Protocol not known: foo"),
     ],
 )
 def test_bad_arguments_are_refused_at_construction(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        ResumableCheckpoint(dirpath="unused", **kwargs)
+    with pytest.raises(UsageError, match=message):  # one line from the command, exit 2
+        ResumableCheckpoint(**{"dirpath": "unused", **kwargs})
+
+
+def test_a_cadence_that_never_saves_is_warned_about():
+    with pytest.warns(UserWarning, match=r"every_n_train_steps=0, every_n_epochs=None\) saves no checkpoint"):
+        ResumableCheckpoint(dirpath="unused", every_n_train_steps=0)
 
 
 class AdvanceClock(Callback):
