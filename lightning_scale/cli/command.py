@@ -94,7 +94,8 @@ class ScaleCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except ValueError as error:
-            folded = None if isinstance(error, UsageError) else _folded_usage_error(self._config())
+            strategy = self._config()["trainer"].get("strategy")
+            folded = None if isinstance(error, UsageError) else _strategy_usage_error(strategy)
             if folded is None:
                 raise
             raise folded from None
@@ -112,25 +113,21 @@ class ScaleCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
 
-def _folded_usage_error(config: Any) -> UsageError | None:
-    """The usage error that the strategy or a callback of ``config`` raises when built alone. jsonargparse builds
-    arguments of union types (``--trainer.strategy``: ``str | Strategy``, ``--checkpoint``: ``ResumableCheckpoint |
-    None``) keeping only the text of what their class raised, folded into an error of its own with a traceback."""
-    trainer = config.get("trainer", {})
-    callbacks = trainer.get("callbacks") or []
-    classes = [trainer.get("strategy"), *[config.get(key) for key in DEFAULT_CALLBACKS]]
-    for spec in [*classes, *(callbacks if isinstance(callbacks, list) else [callbacks])]:
-        class_path = getattr(spec, "class_path", None)
-        if not isinstance(class_path, str):
-            continue
-        module, _, name = class_path.rpartition(".")
-        init_args = spec.get("init_args")
-        try:
-            getattr(importlib.import_module(module), name)(**(init_args.as_dict() if init_args is not None else {}))
-        except UsageError as error:
-            return error
-        except Exception:  # not a usage error: the original error is reported as it is
-            continue
+def _strategy_usage_error(strategy: Any) -> UsageError | None:
+    """The usage error that ``strategy`` (a class path with init args) raises when built alone. jsonargparse builds
+    ``--trainer.strategy`` as a union (``str | Strategy``) and keeps only the text of what the class raised, folded
+    into an error of its own with a traceback (for callbacks it keeps the exception as the cause)."""
+    class_path = getattr(strategy, "class_path", None)
+    if not isinstance(class_path, str):
+        return None
+    module, _, name = class_path.rpartition(".")
+    init_args = strategy.get("init_args")
+    try:
+        getattr(importlib.import_module(module), name)(**(init_args.as_dict() if init_args is not None else {}))
+    except UsageError as error:
+        return error
+    except Exception:  # not a usage error: the original error is reported as it is
+        return None
     return None
 
 

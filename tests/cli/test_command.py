@@ -143,12 +143,16 @@ def test_bad_input_is_a_usage_error_not_a_traceback(tmp_path, capsys, args, mess
         (["--trainer.strategy=data_parallel", "--trainer.strategy.zero_stage=1",
           "--trainer.strategy.grad_compression=powersgd"], "grad_compression='powersgd' cannot act"),
         (["--trainer.strategy=pipeline_paralel"], "'pipeline_paralel' is not a registered strategy"),
+        (["--checkpoint.dirpath=foo://bucket/run"], "Cannot open dirpath='foo://bucket/run': Protocol not known"),
+        (["--checkpoint.every_n_train_steps=-5"], "every_n_train_steps=-5 must be >= 1"),
+        (["--trainer.callbacks+=lightning_scale.callbacks.BudgetedEarlyStopping",
+          "--trainer.callbacks.max_cost_usd=-5"], "max_cost_usd"),
     ],
-    ids=["pipeline", "model", "data", "unknown-strategy"],
+    ids=["pipeline", "model", "data", "unknown-strategy", "dirpath", "cadence", "added-callback"],
 )  # fmt: skip
-def test_a_strategy_argument_refused_by_its_class_is_one_line_not_a_traceback(tmp_path, capsys, args, message):
-    """jsonargparse folds an error raised while building ``--trainer.strategy`` (a union type) into its own, with a
-    traceback: the command finds the class's usage error again and reports that alone."""
+def test_an_argument_refused_by_a_strategy_or_callback_is_one_line_not_a_traceback(tmp_path, capsys, args, message):
+    """jsonargparse folds an error raised while building ``--trainer.strategy`` or a callback (union types) into its
+    own, with a traceback: the command finds the class's usage error again and reports that alone."""
     code, out, err = in_process(capsys, "fit", *EXAMPLE, *QUICK, f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
                                 "--cost.price_per_hour=1", *args)  # fmt: skip
     lines = [line for line in (out + err).splitlines() if line.startswith("lightning-scale: error:")]
