@@ -391,3 +391,44 @@ def test_a_resumed_fit_loads_its_checkpoint_through_the_strategys_loader(tmp_pat
     internals.load_checkpoints_with(trainer.strategy, load)  # idempotent
     trainer.fit(CharTransformer(), datamodule=CharDataModule(batch_size=8), ckpt_path=tmp_path / "two.ckpt")
     assert loaded == [str(tmp_path / "two.ckpt")] and trainer.global_step == 3
+
+
+def test_every_validation_of_a_fit_and_the_skip_of_one_on_resume_run_inside_the_wrapper(tmp_path, tiny_trainer_kwargs):
+    """The skip builds the validation loader's iterator too (Lightning's restart at a validating step)."""
+    import contextlib
+
+    entered: list[str] = []  # what the Trainer was doing, each time the wrapper was entered
+    iterators: list[bool] = []  # whether the wrapper was open, each time a validation iterator was built
+    open_now: list[bool] = []
+
+    class Seen(torch.utils.data.DataLoader):
+        def __iter__(self):
+            iterators.append(bool(open_now))
+            return super().__iter__()
+
+    data = CharDataModule(batch_size=8)
+    data.val_dataloader = lambda: Seen(data.train_dataloader().dataset, batch_size=8)
+
+    def fit(max_steps: int, ckpt_path: str | None = None) -> Trainer:
+        checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+        kwargs = {**tiny_trainer_kwargs, "limit_val_batches": 1}
+        trainer = Trainer(**kwargs, max_steps=max_steps, val_check_interval=2, callbacks=[checkpoint])
+
+        @contextlib.contextmanager
+        def around():
+            entered.append("sanity" if trainer.sanity_checking else "validating" if trainer.validating else "skip")
+            open_now.append(True)
+            yield
+            open_now.pop()
+
+        undo = internals.during_fit_validation(trainer, around)
+        trainer.fit(CharTransformer(), datamodule=data, ckpt_path=ckpt_path)
+        undo()
+        assert not {"run", "increment_progress_to_evaluation_end"} & set(vars(trainer.fit_loop.epoch_loop.val_loop))
+        return trainer
+
+    fit(2)
+    assert entered == ["sanity", "validating"] and iterators == [True, True]
+    entered.clear(), iterators.clear()
+    fit(4, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"))  # saved before step 2's validation
+    assert entered == ["skip", "validating"] and iterators == [True, True]  # no sanity check on resume

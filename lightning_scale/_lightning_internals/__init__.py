@@ -62,7 +62,11 @@ what in Lightning makes the replacement take effect:
 20. ``Strategy.load_checkpoint`` (``ResumableCheckpoint`` with sharded checkpoints, and single files on object
     stores): Lightning's checkpoint connector loads the checkpoint to resume from through the strategy instance's
     attribute, with a local path in mind; pipeline and ZeRO clipping (item 16) replace the precision plugin's
-    ``clip_grad_by_norm``, which ``Precision.clip_gradients`` calls through the instance.
+    ``clip_grad_by_norm``, which ``Precision.clip_gradients`` calls through the instance;
+21. ``_EvaluationLoop.run`` and ``increment_progress_to_evaluation_end`` of the fit loop's validation
+    (``DataStateCheckpoint``: validation leaves the training's random generators as it found them): the training
+    epoch loop runs each validation, and on resume skips the one after the checkpoint's step, through its
+    ``val_loop`` instance's attributes, and both build the loaders' iterators inside.
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ from lightning_scale._lightning_internals.loops import (
     consumed_batches_in_epoch,
     consumed_loader_states,
     drop_lightning_loader_state,
+    during_fit_validation,
     is_last_batch_of_epoch,
     reload_train_loaders_after,
     shift_batches_in_epoch,
@@ -116,6 +121,7 @@ __all__ = [
     "drop_lightning_loader_state",
     "drop_unset_wandb_anonymous",
     "dump_checkpoint",
+    "during_fit_validation",
     "is_last_batch_of_epoch",
     "load_checkpoints_with",
     "process_dataloaders_with",
@@ -146,7 +152,7 @@ INHERITED_PRIVATE: dict[str, tuple[str, ...]] = {
     ),
     "EarlyStopping": ("_generate_state_key",),
     "Callback": ("_generate_state_key",),
-    "LightningCLI": ("_instantiate_trainer", "_parser"),
+    "LightningCLI": ("_instantiate_trainer",),
     "RichProgressBar": ("_get_train_description",),
     "DDPStrategy": ("_get_process_group_backend", "_timeout"),
     "ModelParallelStrategy": ("_data_parallel_size", "_get_process_group_backend", "_tensor_parallel_size", "_timeout"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
 import lightning.pytorch as pl
@@ -19,6 +20,7 @@ __all__ = [
     "consumed_batches_in_epoch",
     "consumed_loader_states",
     "drop_lightning_loader_state",
+    "during_fit_validation",
     "is_last_batch_of_epoch",
     "reload_train_loaders_after",
     "shift_batches_in_epoch",
@@ -41,6 +43,33 @@ def before_train_iterator(trainer: pl.Trainer, fn: Callable[[list[Any]], None]) 
             fn(list(fit_loop._combined_loader.flattened))
 
     fit_loop._load_combined_loader_states = load_then_call  # type: ignore[method-assign]  # on this instance
+
+
+_VALIDATION_ENTRIES = ("run", "increment_progress_to_evaluation_end")
+"""The fit's validation loop's methods that build its loaders' iterators: a validation, and the skip of a validation a
+resumed run's checkpoint was written before (which builds them too)."""
+
+
+def during_fit_validation(trainer: pl.Trainer, around: Callable[[], ContextManager[Any]]) -> Callable[[], None]:
+    """Run every validation of this Trainer's fit (the sanity check too), and every skip of one on resume, inside
+    ``around()``, from before its loaders' iterators are built to after its last hook (item 21); returns the undo."""
+    val_loop = trainer.fit_loop.epoch_loop.val_loop
+
+    def wrapped(original: Callable[[], Any]) -> Callable[[], Any]:
+        def entry() -> Any:
+            with around():
+                return original()
+
+        return entry
+
+    for name in _VALIDATION_ENTRIES:
+        setattr(val_loop, name, wrapped(getattr(val_loop, name)))  # on this instance
+
+    def undo() -> None:
+        for name in _VALIDATION_ENTRIES:
+            vars(val_loop).pop(name, None)
+
+    return undo
 
 
 def shift_batches_in_epoch(checkpoint: dict[str, Any], delta: int) -> None:

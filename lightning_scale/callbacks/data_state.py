@@ -41,6 +41,7 @@ from lightning_scale.callbacks._data_state_loaders import (
     restore_loader,
     set_sampler_epoch,
 )
+from lightning_scale.callbacks._data_state_validation import TrainingRng
 from lightning_scale.callbacks._data_state_worker_watch import WorkerStartWatch
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
 from lightning_scale.checkpoint.rank_local import per_rank
@@ -48,7 +49,7 @@ from lightning_scale.data.elastic import EpochPosition, RestOfEpoch
 from lightning_scale.data.forkserver import start_workers_safely
 from lightning_scale.data.resumable_loader import make_resumable, run_seed
 from lightning_scale.errors import ConfigurationError
-from lightning_scale.rng import capture_rng_state, restore_rng_state
+from lightning_scale.rng import restore_rng_state
 
 __all__ = ["DataStateCheckpoint"]
 
@@ -108,6 +109,7 @@ class DataStateCheckpoint(Callback):
         # whether the checkpoint being resumed drew its training data through a distributed sampler (None: no
         # checkpoint, or one that does not say): a process without one then draws as DDP would
         self._saved_distributed: bool | None = None
+        self._rng = TrainingRng()  # validation leaves it as it found it
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -119,18 +121,19 @@ class DataStateCheckpoint(Callback):
             self._workers = WorkerStartWatch(self.worker_start_timeout_s)  # the attribute as it is when the fit starts
             before_train_iterator(trainer, self._before_train_iterator)
             self._undo_loaders = process_dataloaders_with(trainer, self._process_loader)
+            self._rng.attach(trainer)
         elif self.make_loaders_resumable:  # validate, test, predict: their loaders' workers start safely too
             self._undo_loaders = process_dataloaders_with(trainer, functools.partial(_evaluation_loader, trainer))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = None
-        self._pending = None
-        self._loaded_checkpoint = None
+        self._pending = self._loaded_checkpoint = None
         self._rest_start = self._rest = None
         if self._undo_loaders is not None:
             self._undo_loaders()
             self._undo_loaders = None
+        self._rng.detach()
         self._workers.close()
 
     @override
@@ -198,7 +201,7 @@ class DataStateCheckpoint(Callback):
                 loader_state(loader, state)
                 for loader, state in zip(loaders, consumed_loader_states(trainer), strict=True)
             ],
-            rng=capture_rng_state(),
+            rng=self._rng.state(),
             drawn_seed=self._drawn_seed,
             positions=[epoch_position_of(trainer, loader) for loader in loaders],
             rest_start=None if self._rest is None else self._rest.start,
