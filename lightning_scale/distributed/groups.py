@@ -3,6 +3,8 @@ groups for background threads, device meshes, teardown before exit, the parents'
 
 from __future__ import annotations
 
+import atexit
+import functools
 import gc
 import os
 from datetime import timedelta
@@ -17,6 +19,7 @@ __all__ = [
     "coordination_store",
     "destroy_group",
     "destroy_process_group",
+    "destroy_process_group_at_exit",
     "device_mesh",
     "group_ready",
     "has_process_group",
@@ -103,6 +106,14 @@ def destroy_process_group(process_ends: bool = False) -> None:
     gc.collect()
     if process_ends:
         gc.freeze()
+
+
+@functools.cache  # once per process
+def destroy_process_group_at_exit() -> None:
+    """Have :func:`destroy_process_group` run as the interpreter exits, before it tears its modules down: for a
+    user's own script, which Lightning leaves with its process group alive (``lightning-scale fit`` tears it down
+    itself). Exit functions run last-registered first, so this runs before those registered earlier."""
+    atexit.register(destroy_process_group, process_ends=True)
 
 
 def init_process_group_per_attempt(backend: str, rank: int, world_size: int, timeout: timedelta | None) -> bool:

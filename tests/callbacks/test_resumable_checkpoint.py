@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -305,3 +308,31 @@ def test_without_a_progress_record_the_steps_lost_are_unknown(tmp_path, tiny_tra
         fit(tmp_path, tiny_trainer_kwargs, max_steps=6, every_n_train_steps=5)
     assert "  Steps lost: unknown (no progress record)." in caplog.text
     assert "Cost so far" not in caplog.text  # no CostTracker
+
+
+USER_SCRIPT = """
+import atexit, sys
+import torch.distributed as dist
+from lightning.pytorch import Trainer
+from examples.char_transformer import CharDataModule, CharTransformer
+from lightning_scale.callbacks import ResumableCheckpoint
+
+atexit.register(lambda: print("group at exit:", dist.is_initialized(), flush=True))  # runs after those of fit
+checkpoint = ResumableCheckpoint(dirpath=sys.argv[1], snapshot_every_n_steps=None)
+trainer = Trainer(accelerator="cpu", devices=1, strategy="ddp", max_steps=1, limit_val_batches=0, logger=False,
+                  enable_progress_bar=False, enable_model_summary=False, callbacks=[checkpoint])
+trainer.fit(CharTransformer(vocab_size=64), datamodule=CharDataModule(batch_size=8))
+print("group after fit:", dist.is_initialized(), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_users_own_script_ends_with_its_process_group_torn_down_before_the_interpreter(tmp_path):
+    """Lightning leaves the gloo group alive after fit; torn down during the interpreter's own teardown it can abort
+    the finished process (exit -6, "terminate called without an active exception"), which torchrun reports as a
+    failure. ResumableCheckpoint has it torn down at exit, while the interpreter is whole."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", USER_SCRIPT, str(tmp_path / "ckpt")], cwd=root, capture_output=True,
+                          text=True, timeout=110, env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "group after fit: True" in done.stdout and "group at exit: False" in done.stdout, done.stdout[-2000:]
