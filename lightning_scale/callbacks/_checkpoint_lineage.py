@@ -103,8 +103,9 @@ class RunLineage(ProcessLocal):
         """Rank 0 keeps what it resumes from for the banner at ``on_train_start`` (once every callback restored its
         state)."""
         if trainer.is_global_zero:
-            last_seen = self._progress.last_step() if self._progress is not None else None
-            self._resume_info = ResumeInfo(source, step, epoch, time.time() - created_unix, last_seen)
+            last_seen = self._progress.last_record() if self._progress is not None else None
+            seen, final = (None, False) if last_seen is None else last_seen
+            self._resume_info = ResumeInfo(source, step, epoch, time.time() - created_unix, seen, final)
 
     def start_training(self, trainer: pl.Trainer) -> None:
         """Training starts (every rank): print the resume banner, and start a new generation when the directory
@@ -124,11 +125,12 @@ class RunLineage(ProcessLocal):
                 f"are kept, but this run's checkpoints (generation {self.generation}) supersede them on resume."
             )
 
-    def record_progress(self, trainer: pl.Trainer, force: bool = False) -> None:
-        """Rank 0 records the step, once this fit has trained one (a failed start keeps the last attempt's record)."""
+    def record_progress(self, trainer: pl.Trainer, force: bool = False, final: bool = False) -> None:
+        """Rank 0 records the step, once this fit has trained one (a failed start keeps the last attempt's record);
+        ``final``: the attempt ends here."""
         started = self._progress_from is not None and trainer.global_step > self._progress_from
         if trainer.is_global_zero and self._progress is not None and started:
-            self._progress.record(trainer.global_step, force=force)
+            self._progress.record(trainer.global_step, force=force, final=final)
 
     def manifest_fields(self, trainer: pl.Trainer, checkpoint: Mapping[str, Any]) -> dict[str, Any]:
         """What a checkpoint's manifest records of the run and the model besides its files."""

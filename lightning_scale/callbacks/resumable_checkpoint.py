@@ -267,7 +267,7 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         self._saving.finish()
-        self._lineage.record_progress(trainer, force=True)
+        self._lineage.record_progress(trainer, final=True)
         self._journal(trainer, "end", reason="finished")
         if self._snapshots is not None:
             self._snapshots.finish(trainer)  # training is over: no restart needs them
@@ -277,7 +277,7 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
         super().on_exception(trainer, pl_module, exception)
         if self._saver is not None:
             self._saver.finish()  # the save in flight holds a valid earlier state: let it land
-        self._lineage.record_progress(trainer, force=True)
+        self._lineage.record_progress(trainer, final=True)
         reason = "usage_error" if isinstance(exception, UsageError) else "failed"
         self._journal(trainer, "end", reason=reason, error=f"{type(exception).__name__}: {str(exception)[:300]}")
         if self._snapshots is not None:
@@ -364,6 +364,11 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
         preemption's checkpoint): the job is leaving these machines, and one that stays up gets its memory back."""
         if self._snapshots is not None:
             self._snapshots.finish(trainer)
+
+    def attempt_ends(self, trainer: pl.Trainer) -> None:
+        """This attempt ends at the current step without Lightning's end hooks (a preemption's exit): its progress
+        record says so, and the next attempt's banner counts the steps lost exactly."""
+        self._lineage.record_progress(trainer, final=True)
 
     @override
     def state_dict(self) -> dict[str, Any]:

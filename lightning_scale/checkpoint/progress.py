@@ -1,7 +1,8 @@
 """How far training got: a small marker that rank 0 rewrites now and then, and the resume banner built from it.
 
 A restarted job resumes from its newest valid checkpoint; the steps the previous attempt trained after that checkpoint
-are lost (and were paid for). The checkpoint cannot say how many: the marker can, to within ``every_seconds``.
+are lost (and were paid for). The checkpoint cannot say how many: the marker can, exactly when the attempt ended by
+itself (finished, failed or preempted: its last record is ``final``), and to within ``every_seconds`` after a kill.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ class ProgressMarker:
         >>> marker.last_step() is None
         True
         >>> marker.record(7); marker.record(8)  # the second is within 60 s of the first: not written
-        >>> marker.last_step()
-        7
+        >>> marker.last_step(), marker.last_record()
+        (7, (7, False))
+        >>> marker.record(9, final=True); marker.last_record()  # the attempt ends here
+        (9, True)
     """
 
     def __init__(
@@ -54,14 +57,16 @@ class ProgressMarker:
         self._written_at: float | None = None
         self._broken = False
 
-    def record(self, step: int, force: bool = False) -> None:
-        """Write ``step`` unless the last write is under ``every_seconds`` old and not ``force`` (or writing failed)."""
+    def record(self, step: int, force: bool = False, final: bool = False) -> None:
+        """Write ``step`` unless the last write is under ``every_seconds`` old and not ``force`` or ``final`` (or
+        writing failed); ``final``: the attempt ends at this step."""
+        force = force or final
         now = self.clock()
         recent = self._written_at is not None and now - self._written_at < self.every_seconds
         if self._broken or (recent and not force):
             return
         self._written_at = now
-        data = json.dumps({"global_step": step, "unix": time.time()}).encode()
+        data = json.dumps({"global_step": step, "unix": time.time(), "final": final}).encode()
         try:
             self.store.write_advisory(PROGRESS_NAME, data)
         except Exception as err:  # advisory: training goes on without it
@@ -70,9 +75,15 @@ class ProgressMarker:
 
     def last_step(self) -> int | None:
         """The step last recorded (by this or an earlier attempt); ``None`` when there is no readable marker."""
+        record = self.last_record()
+        return None if record is None else record[0]
+
+    def last_record(self) -> tuple[int, bool] | None:
+        """The step last recorded and whether its attempt ended there; ``None`` when there is no readable marker."""
         try:
-            return int(json.loads(self.store.read_bytes(PROGRESS_NAME))["global_step"])
-        except (OSError, ValueError, KeyError, TypeError):
+            data = json.loads(self.store.read_bytes(PROGRESS_NAME))
+            return int(data["global_step"]), bool(data.get("final", False))  # older markers have no "final"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
 
@@ -85,6 +96,8 @@ class ResumeInfo:
     epoch: int
     age_seconds: float
     last_seen_step: int | None
+    last_seen_final: bool = False
+    """Whether the previous attempt ended at ``last_seen_step`` by itself (the count is then exact)."""
 
     @property
     def reached_step(self) -> int | None:
@@ -100,17 +113,26 @@ class ResumeInfo:
         """The lines printed when training starts again.
 
         Examples:
-            >>> print(ResumeInfo("ckpts/epoch=0-step=40.ckpt", 40, 0, 12.0, 52).banner("Cost so far: $0.01."))
+            >>> print(ResumeInfo("ckpts/epoch=0-step=40.ckpt", 40, 0, 12.0, 52, True).banner("Cost so far: $0.01."))
             Auto-resuming from ckpts/epoch=0-step=40.ckpt (global step 40, epoch 0, written 12.0 s ago).
-              Steps lost: 12 (the previous attempt reached step 52).
+              Steps lost: 12 (the previous attempt ended at step 52).
               Cost so far: $0.01.
+            >>> print(ResumeInfo("ckpts/epoch=0-step=40.ckpt", 40, 0, 12.0, 52).banner().splitlines()[1])  # killed
+              Steps lost: at least 12 (the previous attempt was last recorded at step 52).
         """
+        if self.last_seen_step is None:
+            lost = "  Steps lost: unknown (no progress record)."
+        elif self.last_seen_final:
+            lost = f"  Steps lost: {self.steps_lost} (the previous attempt ended at step {self.reached_step})."
+        else:
+            lost = (
+                f"  Steps lost: at least {self.steps_lost} (the previous attempt was last recorded at step "
+                f"{self.reached_step})."
+            )
         lines = [
             f"Auto-resuming from {self.path} (global step {self.global_step}, epoch {self.epoch}, "
             f"written {self.age_seconds:.1f} s ago).",
-            "  Steps lost: unknown (no progress record)."
-            if self.last_seen_step is None
-            else f"  Steps lost: {self.steps_lost} (the previous attempt reached step {self.reached_step}).",
+            lost,
         ]
         if cost_line:
             lines.append(f"  {cost_line}")

@@ -295,7 +295,7 @@ def test_a_resumed_fit_prints_a_banner_with_the_steps_lost_and_the_cost_so_far(
     )
     assert banner is not None, caplog.text
     assert banner.group(1) == str(tmp_path / "epoch=0-step=10.ckpt")
-    assert banner.group(2) == "  Steps lost: 2 (the previous attempt reached step 12)."
+    assert banner.group(2) == "  Steps lost: 2 (the previous attempt ended at step 12)."  # it ended by itself
     assert re.fullmatch(
         r"  Cost so far: \$[\d.]+, including a restart gap of [\d.]+ s billed as preemption waste\.", banner.group(3)
     )
@@ -336,3 +336,14 @@ def test_a_users_own_script_ends_with_its_process_group_torn_down_before_the_int
                           text=True, timeout=110, env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "group after fit: True" in done.stdout and "group at exit: False" in done.stdout, done.stdout[-2000:]
+
+
+def test_after_a_kill_the_steps_lost_are_a_lower_bound(tmp_path, tiny_trainer_kwargs, caplog):
+    """A killed attempt cannot record its last step: the banner says what it knows, not that nothing was lost."""
+    fit(tmp_path, tiny_trainer_kwargs, max_steps=12, every_n_train_steps=5)
+    store = CheckpointStore(str(tmp_path))
+    assert ProgressMarker(store).last_record() == (12, True)  # ended by itself
+    store.write_bytes(PROGRESS_NAME, b'{"global_step": 11, "unix": 0, "final": false}')  # as a SIGKILL leaves it
+    with caplog.at_level("INFO"):
+        fit(tmp_path, tiny_trainer_kwargs, max_steps=15, every_n_train_steps=5)
+    assert "  Steps lost: at least 1 (the previous attempt was last recorded at step 11)." in caplog.text

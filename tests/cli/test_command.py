@@ -90,7 +90,7 @@ def test_a_second_run_of_the_same_command_resumes_with_the_banner(tmp_path):
     done = lightning_scale(tmp_path, *command(9))
     assert done.returncode == 0, output(done)[-4000:]
     assert "Auto-resuming from" in output(done) and "epoch=0-step=6.ckpt (global step 6" in output(done)
-    assert "  Steps lost: 0 (the previous attempt reached step 6)." in output(done)
+    assert "  Steps lost: 0 (the previous attempt ended at step 6)." in output(done)
     assert "  Cost so far: $" in output(done)
 
 

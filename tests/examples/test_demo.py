@@ -34,7 +34,7 @@ def test_demo_is_preempted_restarted_by_torchrun_and_matches_the_uninterrupted_r
     assert preempted and resumed and preempted.group(1) == resumed.group(1), output[-3000:]
     assert 25 <= int(resumed.group(1)) < 75
     summary = output[output.index(">>> Summary") :]
-    assert f"  Steps lost: 0 (the previous attempt reached step {resumed.group(1)})." in summary
+    assert f"  Steps lost: 0 (the previous attempt ended at step {resumed.group(1)})." in summary
     assert re.search(r"  Cost so far: \$\S+, including a restart gap of [\d.]+ s billed as preemption waste\.", summary)
     assert re.search(r"Cost: \$\S+ for 75 steps over [\d.]+ min, .*preemption waste \$", summary)
     assert "Final weights bitwise IDENTICAL to the uninterrupted run." in summary  # of step 75: after the resume
