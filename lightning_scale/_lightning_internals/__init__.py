@@ -152,7 +152,7 @@ INHERITED_PRIVATE: dict[str, tuple[str, ...]] = {
     ),
     "EarlyStopping": ("_generate_state_key",),
     "Callback": ("_generate_state_key",),
-    "LightningCLI": ("_instantiate_trainer",),
+    "LightningCLI": ("_instantiate_trainer", "_parse_ckpt_path"),
     "RichProgressBar": ("_get_train_description",),
     "DDPStrategy": ("_get_process_group_backend", "_timeout"),
     "ModelParallelStrategy": ("_data_parallel_size", "_get_process_group_backend", "_tensor_parallel_size", "_timeout"),

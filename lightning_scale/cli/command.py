@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, Trainer
@@ -66,6 +68,28 @@ class ScaleCLI(LightningCLI):
 
     def _config(self) -> Any:
         return self.config.get(str(self.subcommand), self.config)
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning reads the hyperparameters of a ``--ckpt_path`` file before anything is built: a path that does
+        not exist or a file that does not load is a usage error here, not a traceback."""
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        local = isinstance(path, str) and path not in ("last", "best", "hpc", "registry") and "://" not in path
+        if local and not Path(str(path)).exists():
+            raise ConfigurationError(
+                f"--ckpt_path {path} does not exist; pass a checkpoint file or directory, or leave --ckpt_path out "
+                "to resume from the newest valid checkpoint in --checkpoint.dirpath."
+            )
+        try:
+            super()._parse_ckpt_path()
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+            # torch's own text for an unpickling error is a page about weights_only: only its gist here
+            detail = "with weights_only=True" if isinstance(err, pickle.UnpicklingError) else str(err).splitlines()[0]
+            raise ConfigurationError(
+                f"--ckpt_path {path} cannot be loaded ({type(err).__name__}: {detail[:200]}): it is damaged, not a "
+                "checkpoint, or holds objects torch.load refuses; pass another, or leave --ckpt_path out to resume "
+                "from the newest valid one in --checkpoint.dirpath."
+            ) from None
 
     def before_instantiate_classes(self) -> None:
         """Refuse an unknown strategy name and a missing price before anything is built; under torchrun, train on

@@ -160,6 +160,22 @@ def test_an_argument_refused_by_a_strategy_or_callback_is_one_line_not_a_traceba
     assert "Traceback" not in err and "usage:" not in err
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, r"--ckpt_path \S+ does not exist"), (b"\x00" * 100, r"--ckpt_path \S+ cannot be loaded \(")],
+    ids=["missing", "damaged"],
+)
+def test_a_ckpt_path_that_is_missing_or_does_not_load_is_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "given.ckpt"
+    if content is not None:
+        path.write_bytes(content)
+    code, _, err = in_process(capsys, "fit", *EXAMPLE, *QUICK, f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+                                "--cost.price_per_hour=1", f"--ckpt_path={path}")  # fmt: skip
+    lines = [line for line in err.splitlines() if line.startswith("lightning-scale: error:")]
+    assert code == 2 and len(lines) == 1 and re.search(message, lines[0]), err[-3000:]
+    assert "Traceback" not in err and not (tmp_path / "ckpts").exists()
+
+
 def test_consolidate_writes_one_file_that_loads_into_the_model(tmp_path):
     done = lightning_scale(tmp_path, "fit", *EXAMPLE, *QUICK, "--cost=null", "--trainer.logger=false",
                            f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
