@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from lightning_scale.errors import UsageError
 from lightning_scale.report import write_report
@@ -32,6 +33,9 @@ def report(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.wandb is not None and args.wandb.count("/") != 1:
         parser.error(f"--wandb {args.wandb}: give the W&B entity and project as ENTITY/PROJECT")
+    out = Path(args.out)
+    if out.is_dir() or (out.exists() and out.suffix != ".html"):  # an earlier report is replaced, nothing else
+        parser.error(f"--out {args.out} exists and is not an HTML report; pass the path of the HTML file to write")
     try:
         if args.wandb is not None:
             require_credentials()  # before the work, and before the W&B Report API is needed

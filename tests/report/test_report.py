@@ -120,3 +120,19 @@ def test_a_directory_of_several_runs_is_refused_naming_them(tmp_path, capsys):
         main(["report", str(tmp_path)])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "journals of 2 runs" in err and "pass the directory of one run" in err, err
+
+
+@pytest.mark.parametrize("taken", ["a-directory", "epoch=0-step=5.ckpt"])
+def test_an_out_path_that_is_not_a_report_is_refused_and_left_alone(tmp_path, capsys, taken):
+    _, journal = _journal(tmp_path)
+    journal.record("start", step=0)
+    out = tmp_path / taken
+    if taken == "a-directory":
+        out.mkdir()
+    else:
+        out.write_bytes(b"a checkpoint")
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(tmp_path), f"--out={out}"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "exists and is not an HTML report" in err, err
+    assert out.is_dir() if taken == "a-directory" else out.read_bytes() == b"a checkpoint"
