@@ -57,7 +57,9 @@ def _run(argv: list[str], explicit: bool) -> None:
     if earlier is not None:  # torchrun restarts failed workers whatever their exit code: end this attempt at once
         end_a_later_attempt(earlier)
     try:
-        ScaleCLI(args=rewritten if explicit or rewritten != argv else None)  # not kept: garbage once finished
+        if not explicit:  # the command line itself, which Lightning's launcher also gives the ranks it starts
+            sys.argv[1:] = rewritten  # (LightningCLI warns when given args beside a command line)
+        ScaleCLI(args=rewritten if explicit else None)  # not kept: garbage once finished
     except Exception as error:
         usage = usage_error_in(error)
         if usage is None:

@@ -285,18 +285,20 @@ def test_a_registered_strategy_name_takes_its_arguments_as_flags(capsys, before,
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_a_default_run_of_a_users_code_logs_no_warning_the_user_cannot_act_on(tmp_path):
-    """Two processes, the default callbacks and logger, a user's StatefulDataLoader with a worker, validation."""
+    """Two processes, the default callbacks and logger, a user's StatefulDataLoader with a worker, validation, a
+    strategy named with a flag of its own."""
     cell = {"loader": "stateful", "shuffle": "shuffle_true", "workers": 1}
     done = lightning_scale(
         tmp_path, "fit", *USER_CODE, f"--data.cell={json.dumps(cell)}", "--trainer.accelerator=cpu",
-        "--trainer.devices=2", "--trainer.strategy=data_parallel", "--trainer.max_steps=4",
-        "--trainer.val_check_interval=2", "--trainer.limit_val_batches=2", f"--trainer.default_root_dir={tmp_path}",
-        f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+        "--trainer.devices=2", "--trainer.strategy=data_parallel", "--trainer.strategy.zero_stage=0",
+        "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=2",
+        f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
     )  # fmt: skip
     assert done.returncode == 0, output(done)[-4000:]
     assert "`Trainer.fit` stopped: `max_steps=4` reached." in output(done)
     assert "It is recommended to use `self.log(" not in output(done)  # the cost metrics at validation
     assert "set_vital" not in output(done) and "LeafSpec" not in output(done)  # libraries' deprecated calls
+    assert "not recommended to provide both args and command line" not in output(done)  # the strategy name rewritten
 
 
 @pytest.mark.multiprocess
