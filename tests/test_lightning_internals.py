@@ -393,21 +393,29 @@ def test_a_resumed_fit_loads_its_checkpoint_through_the_strategys_loader(tmp_pat
     assert loaded == [str(tmp_path / "two.ckpt")] and trainer.global_step == 3
 
 
-def test_every_validation_of_a_fit_and_the_skip_of_one_on_resume_run_inside_the_wrapper(tmp_path, tiny_trainer_kwargs):
-    """The skip builds the validation loader's iterator too (Lightning's restart at a validating step)."""
+def test_every_validation_of_a_fit_its_loaders_set_up_and_the_skip_of_one_on_resume_run_inside_the_wrapper(
+    tmp_path, tiny_trainer_kwargs
+):
+    """The skip builds the validation loader's iterator too (Lightning's restart at a validating step), and a resumed
+    fit sets the validation loaders up at its start, without a sanity check."""
     import contextlib
 
-    entered: list[str] = []  # what the Trainer was doing, each time the wrapper was entered
-    iterators: list[bool] = []  # whether the wrapper was open, each time a validation iterator was built
-    open_now: list[bool] = []
+    entered: list[str] = []  # what the Trainer was doing, each time the wrapper was entered from outside
+    built: list[tuple[str, bool]] = []  # val_dataloader() calls and iterators, and whether the wrapper was open
+    depth: list[int] = [0]
 
     class Seen(torch.utils.data.DataLoader):
         def __iter__(self):
-            iterators.append(bool(open_now))
+            built.append(("iterator", depth[0] > 0))
             return super().__iter__()
 
     data = CharDataModule(batch_size=8)
-    data.val_dataloader = lambda: Seen(data.train_dataloader().dataset, batch_size=8)
+
+    def val_dataloader():
+        built.append(("val_dataloader", depth[0] > 0))
+        return Seen(data.train_dataloader().dataset, batch_size=8)
+
+    data.val_dataloader = val_dataloader
 
     def fit(max_steps: int, ckpt_path: str | None = None) -> Trainer:
         checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
@@ -416,19 +424,26 @@ def test_every_validation_of_a_fit_and_the_skip_of_one_on_resume_run_inside_the_
 
         @contextlib.contextmanager
         def around():
-            entered.append("sanity" if trainer.sanity_checking else "validating" if trainer.validating else "skip")
-            open_now.append(True)
+            if depth[0] == 0:
+                entered.append("sanity" if trainer.sanity_checking else "fit")
+            depth[0] += 1
             yield
-            open_now.pop()
+            depth[0] -= 1
 
-        undo = internals.during_fit_validation(trainer, around)
+        internals.during_fit_validation(trainer, around)
+        undo = internals.during_fit_validation(trainer, around)  # again: replaces, does not nest
         trainer.fit(CharTransformer(), datamodule=data, ckpt_path=ckpt_path)
         undo()
-        assert not {"run", "increment_progress_to_evaluation_end"} & set(vars(trainer.fit_loop.epoch_loop.val_loop))
+        assert not {"run", "increment_progress_to_evaluation_end", "setup_data"} & set(
+            vars(trainer.fit_loop.epoch_loop.val_loop)
+        )
         return trainer
 
     fit(2)
-    assert entered == ["sanity", "validating"] and iterators == [True, True]
-    entered.clear(), iterators.clear()
+    assert entered == ["sanity", "fit"]  # the sanity check sets the loaders up inside itself; step 2's validation
+    assert built == [("val_dataloader", True), ("iterator", True), ("iterator", True)]
+    entered.clear(), built.clear()
     fit(4, ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"))  # saved before step 2's validation
-    assert entered == ["skip", "validating"] and iterators == [True, True]  # no sanity check on resume
+    # no sanity check on resume: the loaders' set-up at the fit's start, the skip of step 2's validation, step 4's
+    assert entered == ["fit", "fit", "fit"]
+    assert built == [("val_dataloader", True), ("iterator", True), ("iterator", True)]

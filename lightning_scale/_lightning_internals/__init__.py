@@ -63,10 +63,11 @@ what in Lightning makes the replacement take effect:
     stores): Lightning's checkpoint connector loads the checkpoint to resume from through the strategy instance's
     attribute, with a local path in mind; pipeline and ZeRO clipping (item 16) replace the precision plugin's
     ``clip_grad_by_norm``, which ``Precision.clip_gradients`` calls through the instance;
-21. ``_EvaluationLoop.run`` and ``increment_progress_to_evaluation_end`` of the fit loop's validation
-    (``DataStateCheckpoint``: validation leaves the training's random generators as it found them): the training
-    epoch loop runs each validation, and on resume skips the one after the checkpoint's step, through its
-    ``val_loop`` instance's attributes, and both build the loaders' iterators inside.
+21. ``_EvaluationLoop.run``, ``increment_progress_to_evaluation_end`` and ``setup_data`` of the fit loop's
+    validation (``DataStateCheckpoint``: validation leaves the training's random generators as it found them): the
+    training epoch loop runs each validation, and on resume skips the one after the checkpoint's step, and the fit
+    loop sets the loaders up at its start, through its ``val_loop`` instance's attributes; the first two build the
+    loaders' iterators inside, ``setup_data`` calls ``val_dataloader()``.
 """
 
 from __future__ import annotations

@@ -45,25 +45,29 @@ def before_train_iterator(trainer: pl.Trainer, fn: Callable[[list[Any]], None]) 
     fit_loop._load_combined_loader_states = load_then_call  # type: ignore[method-assign]  # on this instance
 
 
-_VALIDATION_ENTRIES = ("run", "increment_progress_to_evaluation_end")
-"""The fit's validation loop's methods that build its loaders' iterators: a validation, and the skip of a validation a
-resumed run's checkpoint was written before (which builds them too)."""
+_VALIDATION_ENTRIES = ("run", "increment_progress_to_evaluation_end", "setup_data")
+"""The fit's validation loop's methods that call ``val_dataloader()`` or build its loaders' iterators: a validation,
+the skip of the one a resumed run's checkpoint was written before, and the set-up of its loaders at a fit's start
+(without a sanity check: always on resume)."""
 
 
 def during_fit_validation(trainer: pl.Trainer, around: Callable[[], ContextManager[Any]]) -> Callable[[], None]:
-    """Run every validation of this Trainer's fit (the sanity check too), and every skip of one on resume, inside
-    ``around()``, from before its loaders' iterators are built to after its last hook (item 21); returns the undo."""
+    """Run every validation of this Trainer's fit (the sanity check too), every skip of one on resume and every set-up
+    of its loaders inside ``around()``, from before ``val_dataloader()`` runs or an iterator is built to after the
+    last hook (item 21); ``around`` is entered again inside itself (a validation sets its loaders up). Another call
+    replaces the wrapping (a second fit of the Trainer after a failed one, whose callbacks' teardown Lightning
+    skips); returns the undo."""
     val_loop = trainer.fit_loop.epoch_loop.val_loop
 
-    def wrapped(original: Callable[[], Any]) -> Callable[[], Any]:
+    def wrapped(original: Callable[[Any], Any]) -> Callable[[], Any]:
         def entry() -> Any:
             with around():
-                return original()
+                return original(val_loop)
 
         return entry
 
     for name in _VALIDATION_ENTRIES:
-        setattr(val_loop, name, wrapped(getattr(val_loop, name)))  # on this instance
+        setattr(val_loop, name, wrapped(getattr(type(val_loop), name)))  # on this instance, over the class's
 
     def undo() -> None:
         for name in _VALIDATION_ENTRIES:

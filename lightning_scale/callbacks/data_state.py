@@ -127,8 +127,7 @@ class DataStateCheckpoint(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._trainer = None
-        self._pending = self._loaded_checkpoint = None
+        self._trainer = self._pending = self._loaded_checkpoint = None
         self._rest_start = self._rest = None
         if self._undo_loaders is not None:
             self._undo_loaders()
@@ -139,6 +138,7 @@ class DataStateCheckpoint(Callback):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._workers.close()  # Lightning skips teardown after an error; an armed watchdog would end the process later
+        self._rng.detach()
 
     def state_dict(self) -> dict[str, Any]:
         if self._trainer is None:
