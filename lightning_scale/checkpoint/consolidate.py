@@ -35,17 +35,19 @@ def consolidate_checkpoint(path: str | Path, out: str | Path) -> dict[str, Any]:
     auto-resume; one without (Lightning's own) is read as it is. ``out`` must not exist: it is written under a
     temporary name beside it and linked into place, so a failure leaves no partial file and no file is replaced.
 
+    ``path`` is a local path or an fsspec URL; ``out`` a local path.
+
     Raises:
         ValueError: ``path`` is not a sharded checkpoint directory, or does not match its manifest.
         FileExistsError: ``out`` exists.
         FileNotFoundError: ``out``'s directory does not exist.
     """
-    path, out = Path(path), Path(out)
+    path, out = str(path).rstrip("/"), Path(out)
     if out.exists() or out.is_symlink():
         raise FileExistsError(f"{out} exists: consolidate never replaces a file; pass a new path for OUT.")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"{out.parent} is not a directory: create it first, or pass OUT in an existing one.")
-    if not is_sharded_checkpoint(str(path)):
+    if not is_sharded_checkpoint(path):
         raise ValueError(
             f"{path} is not a sharded checkpoint directory (it needs the shards' .metadata and meta.pt); pass a "
             "directory that ResumableCheckpoint(sharded=True) or a model_parallel run saved."
@@ -53,7 +55,7 @@ def consolidate_checkpoint(path: str | Path, out: str | Path) -> dict[str, Any]:
     damage = _damage(path)
     if damage is not None:
         raise ValueError(f"{path} is damaged ({damage}); auto-resume skips it too: consolidate an intact checkpoint.")
-    checkpoint = materialize(load_sharded(str(path), weights_only=True))
+    checkpoint = materialize(load_sharded(path, weights_only=True))
     checkpoint["optimizer_states"] = [whole_state_dict(state) for state in checkpoint.get("optimizer_states", [])]
     partial = out.with_name(f".{out.name}.{uuid.uuid4().hex}.partial")
     try:
@@ -74,13 +76,14 @@ def _publish(partial: Path, out: Path) -> None:
         os.rename(partial, out)  # a filesystem without hard links: checked just before
 
 
-def _damage(path: Path) -> str | None:
+def _damage(path: str) -> str | None:
     """How ``path`` differs from its manifest (``None``: intact, or no manifest to check against)."""
-    store = CheckpointStore(str(path.parent))
-    if not store.exists(manifest_name(path.name)):
+    parent, _, name = path.rpartition("/")
+    store = CheckpointStore(parent or ("/" if path.startswith("/") else "."))
+    if not store.exists(manifest_name(name)):
         return None
     try:
-        manifest = read_manifest(store, path.name)
+        manifest = read_manifest(store, name)
     except (OSError, ValueError, TypeError, KeyError) as err:
         return f"its manifest cannot be read: {type(err).__name__}: {err}"
-    return validate(store, dataclasses.replace(manifest, name=path.name))
+    return validate(store, dataclasses.replace(manifest, name=name))

@@ -10,6 +10,7 @@ from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore, consolidate_checkpoint, find_newest_valid
 from lightning_scale.checkpoint.manifest import read_manifest
+from lightning_scale.testing import assert_same_tensors
 from tests import fitting
 from tests.fitting import FirstStep
 
@@ -78,6 +79,20 @@ def test_consolidate_turns_a_sharded_checkpoint_into_one_file_that_loads_strictl
         assert torch.equal(fresh.state_dict()[name], tensor), name
     assert checkpoint["global_step"] == 5 and len(checkpoint["optimizer_states"]) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.ckpt", "run"]  # no temporary file left beside it
+
+
+def test_consolidate_reads_a_checkpoint_from_an_fsspec_url_checking_its_manifest(tmp_path, tiny_trainer_kwargs):
+    dirpath = f"memory://consolidate-{tmp_path.name}/run"
+    _, model = fit(dirpath, tiny_trainer_kwargs, max_steps=5)
+    checkpoint = consolidate_checkpoint(f"{dirpath}/epoch=0-step=5.ckpt", tmp_path / "one.ckpt")
+    assert checkpoint["global_step"] == 5
+    fresh = CharTransformer(vocab_size=64)
+    fresh.load_state_dict(torch.load(tmp_path / "one.ckpt", weights_only=True)["state_dict"], strict=True)
+    assert_same_tensors(fresh.state_dict(), model.state_dict(), "weights")
+    store = CheckpointStore(dirpath)
+    store.write_bytes("epoch=0-step=5.ckpt/__0_0.distcp", b"damaged")
+    with pytest.raises(ValueError, match=r"is damaged \(its file __0_0\.distcp has 7 bytes"):
+        consolidate_checkpoint(f"{dirpath}/epoch=0-step=5.ckpt", tmp_path / "two.ckpt")
 
 
 def test_consolidate_refuses_a_shard_its_manifest_does_not_vouch_for_and_never_replaces_a_file(
