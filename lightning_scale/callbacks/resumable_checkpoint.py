@@ -217,8 +217,7 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
             self.dirpath = default_dirpath(trainer)
         fmt = choose_format(trainer.strategy, self.sharded, self.async_save, str(self.dirpath), stage == "fit")
         cache = None
-        if distributed.has_process_group():  # a gloo group alive at exit can abort the finished process (exit -6)
-            distributed.destroy_process_group_at_exit()
+        distributed.destroy_process_group_at_exit()  # a gloo group alive at exit can abort a finished rank (exit -6)
         if stage == "fit":  # before ModelCheckpoint lists the directory, so that every rank fails alike
             self._store = CheckpointStore(str(self.dirpath))
             cache = local_cache(self.local_cache_dir, fmt.sharded)

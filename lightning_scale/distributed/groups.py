@@ -108,11 +108,17 @@ def destroy_process_group(process_ends: bool = False) -> None:
         gc.freeze()
 
 
-@functools.cache  # once per process
 def destroy_process_group_at_exit() -> None:
-    """Have :func:`destroy_process_group` run as the interpreter exits, before it tears its modules down: for a
-    user's own script, which Lightning leaves with its process group alive (``lightning-scale fit`` tears it down
-    itself). Exit functions run last-registered first, so this runs before those registered earlier."""
+    """Have :func:`destroy_process_group` run as the interpreter exits, before it tears its modules down, when the
+    default group is gloo's: for a user's own script, which Lightning leaves with its process group alive
+    (``lightning-scale fit`` tears it down itself). Exit functions run last-registered first, so this runs before
+    those registered earlier. Not for NCCL, whose teardown may wait for ranks that a failing one cannot count on."""
+    if has_process_group() and dist.get_backend() == "gloo":
+        _register_teardown_at_exit()
+
+
+@functools.cache  # once per process
+def _register_teardown_at_exit() -> None:
     atexit.register(destroy_process_group, process_ends=True)
 
 
