@@ -8,6 +8,7 @@ The Lightning glue only: when to save and what (Lightning's checkpoint of the Tr
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -364,10 +365,15 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
         if self._snapshots is not None:
             self._snapshots.finish(trainer)
 
-    def attempt_ends(self, trainer: pl.Trainer) -> None:
+    def attempt_ends(self, trainer: pl.Trainer, timeout_s: float) -> None:
         """This attempt ends at the current step without Lightning's end hooks (a preemption's exit): its progress
-        record says so, and the next attempt's banner counts the steps lost exactly."""
-        self._lineage.record_progress(trainer, final=True)
+        record says so, and the next attempt's banner counts the steps lost exactly. Waits at most ``timeout_s``
+        for a slow store (the write goes on in the background)."""
+        writer = threading.Thread(
+            target=self._lineage.record_progress, args=(trainer,), kwargs={"final": True}, daemon=True
+        )
+        writer.start()
+        writer.join(timeout_s)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -286,7 +286,7 @@ class SpotPreemption(ProcessLocal, Callback):
         if journal is not None and trainer.is_global_zero:  # bounded: the notice's grace period is short
             details = {"source": notice.source, "noticed_on_rank": rank, "saved": path is not None}
             journal.record("preemption", trainer.global_step, timeout_s=JOURNAL_WAIT_S, **details)
-        self._checkpoint.attempt_ends(trainer)
+        self._checkpoint.attempt_ends(trainer, timeout_s=JOURNAL_WAIT_S)  # bounded, as the journal: the grace is short
         self._acknowledge()
         self._exit(trainer)
 
