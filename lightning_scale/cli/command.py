@@ -74,7 +74,8 @@ class ScaleCLI(LightningCLI):
         not exist or a file that does not load is a usage error here, not a traceback."""
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        local = isinstance(path, str) and path not in ("last", "best", "hpc", "registry") and "://" not in path
+        named = isinstance(path, str) and (path in ("last", "best", "hpc") or path.lower().startswith("registry"))
+        local = isinstance(path, str) and not named and "://" not in path
         if local and not Path(str(path)).exists():
             raise ConfigurationError(
                 f"--ckpt_path {path} does not exist; pass a checkpoint file or directory, or leave --ckpt_path out "
