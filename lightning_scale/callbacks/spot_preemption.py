@@ -55,7 +55,8 @@ class SpotPreemption(ProcessLocal, Callback):
     workers are stopped, and the process exits with ``exit_code``, which orchestrators (``torchrun
     --max-restarts``, SLURM requeue, a Kubernetes restart policy) read as a failure to restart, never as
     "finished". The restarted job resumes exactly. A notice during validation stops there: the checkpoint holds the
-    last training step, and the resumed run repeats that validation. DataLoader worker processes survive the
+    last training step, and the resumed run trains on without that validation (Lightning skips the validation of
+    the step a checkpoint was written at; training is unchanged by it). DataLoader worker processes survive the
     signals the sources listen to (SLURM sends them to every process of the job; a worker that died of one would fail
     the training process before its save): see :class:`~lightning_scale.data.ShieldFromJobSignals`.
 
@@ -215,7 +216,7 @@ class SpotPreemption(ProcessLocal, Callback):
         dataloader_idx: int = 0,
     ) -> None:
         # A notice during a long validation inside fit is not left waiting for the next training step. The
-        # checkpoint holds the training state of the last step; the resumed run repeats this validation.
+        # checkpoint holds the training state of the last step; the resumed run skips the rest of this validation.
         if not self._started or trainer.sanity_checking or batch_idx % self.check_every_n_steps:
             return
         local = self._local_notice()

@@ -109,8 +109,8 @@ def test_validation_randomness_does_not_change_the_training_a_resume_continues(t
 
 @pytest.mark.timeout(180)
 def test_a_checkpoint_written_during_validation_holds_the_generators_training_goes_on_with(tmp_path):
-    """The resumed run repeats that validation; training must go on from the states before it, not from the middle
-    of it (where the save happened)."""
+    """The resumed run skips the rest of that validation (Lightning does); training must go on from the states
+    before it, not from the middle of it (where the save happened)."""
     _, reference = fit(tmp_path / "reference", 0, 24)
     with pytest.raises(RuntimeError, match="lost machine"):
         fit(tmp_path / "run", 0, 24, SaveThenCrashInValidation(VALIDATE_EVERY))
