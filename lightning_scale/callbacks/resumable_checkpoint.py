@@ -350,7 +350,9 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
         latest_failed = distributed.any_rank(bool(latest) and name_in_dir(latest) in self._failed)
         if self._last_global_step_saved == trainer.global_step and latest and not latest_failed and not again:
             return latest
-        filepath = self._get_metric_interpolated_filepath_name(self._monitor_candidates(trainer), trainer)
+        # saved anew under its own name (the earlier copy set aside until then), not as a second checkpoint "-v1"
+        replaced = latest if again and self._last_global_step_saved == trainer.global_step else None
+        filepath = self._get_metric_interpolated_filepath_name(self._monitor_candidates(trainer), trainer, replaced)
         self._synchronous = True
         try:
             self._save_checkpoint(trainer, filepath)

@@ -192,6 +192,7 @@ def test_a_notice_during_validation_at_a_saved_step_is_kept_for_the_resumed_run(
     job = single_process_job(tmp_path, 25, faults=(Fault(step=4, rank=0, kind="SIGTERM", val_batch=1),), **extra)
     assert run_attempt(job, 100, expect="failure") == 143
     assert "Preempted at step 4 (SIGTERM)" in (tmp_path / "log.txt").read_text()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["epoch=0-step=4.ckpt"]  # replaced
     run_attempt(job, 100, expect="finish")
     assert "Resumed after a preemption: SIGTERM notice, checkpointed at step 4" in (tmp_path / "log.txt").read_text()
 
