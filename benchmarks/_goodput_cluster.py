@@ -173,6 +173,15 @@ class Cluster:
         pid = setups[-1]["pid"] if setups else None
         return pid if pid is not None and any(node.holds(pid) for node in self.nodes.values()) else None
 
+    def log_tails(self, lines: int = 20) -> str:
+        """Each node's last ``lines`` of output: a failure is reported with them (a scratch workdir is removed)."""
+        parts = []
+        for name in self.nodes:
+            path = self.workdir / f"node_{name}.txt"
+            tail = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else ["(no output)"]
+            parts.append("\n".join([f"--- node {name} ---", *tail]))
+        return "\n".join(parts)
+
     def node_of(self, pid: int) -> Node:
         return next(node for node in self.nodes.values() if node.holds(pid))
 

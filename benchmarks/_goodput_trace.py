@@ -45,7 +45,7 @@ def drive(cluster: Cluster, faults: list[dict[str, Any]], interval_s: float, ste
     the faults injected, with when and into what."""
     while not any(r["event"] == "step" for r in cluster.records()):
         if cluster.finished() or time.time() > deadline:
-            raise RuntimeError(f"{name}: no training step; see {cluster.workdir}")
+            raise RuntimeError(f"{name}: no training step; the nodes' last output:\n{cluster.log_tails()}")
         time.sleep(0.05)
     due = min(r["t"] for r in cluster.records() if r["event"] == "step") + interval_s
     injected: list[dict[str, Any]] = []
