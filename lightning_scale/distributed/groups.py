@@ -4,7 +4,6 @@ groups for background threads, device meshes, teardown before exit, the parents'
 from __future__ import annotations
 
 import atexit
-import functools
 import gc
 import os
 from datetime import timedelta
@@ -111,15 +110,24 @@ def destroy_process_group(process_ends: bool = False) -> None:
 def destroy_process_group_at_exit() -> None:
     """Have :func:`destroy_process_group` run as the interpreter exits, before it tears its modules down, when the
     default group is gloo's: for a user's own script, which Lightning leaves with its process group alive
-    (``lightning-scale fit`` tears it down itself). Exit functions run last-registered first, so this runs before
-    those registered earlier. Not for NCCL, whose teardown may wait for ranks that a failing one cannot count on."""
+    (``lightning-scale fit`` tears it down itself). Not for NCCL, whose teardown may wait for ranks that a failing one
+    cannot count on.
+
+    The exit function was registered when this module was imported: exit functions run last-registered first, so a
+    script's own (an ``atexit.register(dist.destroy_process_group)``, a last barrier) runs before it, with the group
+    still there, and this one finds nothing left to do."""
+    global _teardown_requested
     if has_process_group() and dist.get_backend() == "gloo":
-        _register_teardown_at_exit()
+        _teardown_requested = True
 
 
-@functools.cache  # once per process
-def _register_teardown_at_exit() -> None:
-    atexit.register(destroy_process_group, process_ends=True)
+_teardown_requested = False
+
+
+@atexit.register
+def _teardown_at_exit() -> None:
+    if _teardown_requested and has_process_group():
+        destroy_process_group(process_ends=True)
 
 
 def init_process_group_per_attempt(backend: str, rank: int, world_size: int, timeout: timedelta | None) -> bool:
