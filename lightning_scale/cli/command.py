@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.strategies import StrategyRegistry
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_scale._lightning_internals import drop_unset_wandb_anonymous
 from lightning_scale.callbacks import (
@@ -81,6 +81,7 @@ class ScaleCLI(LightningCLI):
                 f"--ckpt_path {path} does not exist; pass a checkpoint file or directory, or leave --ckpt_path out "
                 "to resume from the newest valid checkpoint in --checkpoint.dirpath."
             )
+        given = _model_arguments(self.config[subcommand]) if subcommand else {}
         try:
             super()._parse_ckpt_path()
         except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
@@ -91,6 +92,14 @@ class ScaleCLI(LightningCLI):
                 "checkpoint, or holds objects torch.load refuses; pass another, or leave --ckpt_path out to resume "
                 "from the newest valid one in --checkpoint.dirpath."
             ) from None
+        loaded = _model_arguments(self.config[subcommand]) if subcommand else {}
+        replaced = [f"{key} {value!r} -> {loaded[key]!r}" for key, value in given.items()
+                    if key in loaded and loaded[key] != value]  # fmt: skip
+        if replaced:  # Lightning replaces them silently, also those given on the command line
+            rank_zero_warn(
+                f"--ckpt_path {path}: the model is built with the checkpoint's hyperparameters, which replace these "
+                f"model arguments: {', '.join(replaced)}."
+            )
 
     def before_instantiate_classes(self) -> None:
         """Refuse an unknown strategy name and a missing price before anything is built; under torchrun, train on
@@ -154,6 +163,13 @@ def _strategy_usage_error(strategy: Any) -> UsageError | None:
     except Exception:  # not a usage error: the original error is reported as it is
         return None
     return None
+
+
+def _model_arguments(config: Any) -> dict[str, Any]:
+    """The model's arguments in a subcommand's ``config``, by name (its ``init_args`` where it has a class path)."""
+    model = config.get("model")
+    arguments = model.as_dict() if hasattr(model, "as_dict") else {}
+    return arguments.get("init_args") or {k: v for k, v in arguments.items() if k != "class_path"}
 
 
 def _nodes_of_the_rendezvous(config: Any) -> None:

@@ -176,6 +176,23 @@ def test_a_ckpt_path_that_is_missing_or_does_not_load_is_one_line(tmp_path, caps
     assert "Traceback" not in err and not (tmp_path / "ckpts").exists()
 
 
+def test_model_arguments_the_checkpoints_hyperparameters_replace_are_named(tmp_path, capsys):
+    """LightningCLI builds the model of a ``--ckpt_path`` run with the checkpoint's hyperparameters, also over a value
+    given on the command line: the command says which, before anything is built (here a missing price stops it)."""
+    path = tmp_path / "given.ckpt"
+    hyperparameters = {"_class_path": "examples.char_transformer.CharTransformer", "vocab_size": 64, "lr": 0.5}
+    torch.save({"hyper_parameters": hyperparameters}, path)  # as the command's own runs save them
+    with pytest.warns(UserWarning) as warned:
+        code, _, err = in_process(capsys, "fit", *EXAMPLE, *QUICK, f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
+                                  f"--ckpt_path={path}", "--model.lr=0.01", "--cost.price_per_hour=null")  # fmt: skip
+    assert code == 2 and "--cost needs the price of one node" in err, err[-3000:]
+    [message] = [str(w.message) for w in warned if "hyperparameters" in str(w.message)]
+    assert message == (
+        f"--ckpt_path {path}: the model is built with the checkpoint's hyperparameters, which replace these model "
+        "arguments: lr 0.01 -> 0.5."
+    )  # vocab_size is the same in both: not named
+
+
 def test_consolidate_writes_one_file_that_loads_into_the_model(tmp_path):
     done = lightning_scale(tmp_path, "fit", *EXAMPLE, *QUICK, "--cost=null", "--trainer.logger=false",
                            f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
