@@ -59,10 +59,10 @@ def run(processes: int, rounds: int, steps: int, d_model: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 30 steps (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 20 steps (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "callback_overhead.json"), help="where to write the JSON")
     args = parser.parse_args()
-    rounds, steps, widths = (2, 30, [32]) if args.quick else (9, 200, [32, 256])
+    rounds, steps, widths = (1, 20, [32]) if args.quick else (9, 200, [32, 256])
 
     rows = []
     for processes in (1, 2):

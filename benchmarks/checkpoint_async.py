@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small state, 1 repeat (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "checkpoint_async.json"), help="where to write the JSON")
     args = parser.parse_args()
-    sizes, rounds, steps, every, compute_s = ([5], 2, 6, 2, 0.01) if args.quick else ([50, 800], 6, 60, 20, 0.05)
+    sizes, rounds, steps, every, compute_s = ([5], 1, 6, 2, 0.01) if args.quick else ([50, 800], 6, 60, 20, 0.05)
     torch.set_num_threads(1)
 
     runs: dict[str, dict[str, list[dict[str, float]]]] = {str(s): {v: [] for v in VARIANTS} for s in sizes}

@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and steps (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "checkpoint_cost.json"), help="where to write the JSON")
     args = parser.parse_args()
-    repeats, steps, every, d_model = (2, 10, 5, 128) if args.quick else (6, 40, 10, 512)
+    repeats, steps, every, d_model = (1, 10, 5, 128) if args.quick else (6, 40, 10, 512)
     torch.set_num_threads(1)
 
     results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}

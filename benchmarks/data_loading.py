@@ -111,11 +111,11 @@ def measure(n: int, rounds: int, world_size: int, persistent: bool) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: a small epoch, 3 rounds")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: a small epoch, 1 round")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "data_loading.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    n, rounds = (512, 3) if args.quick else (4096, 12)
+    n, rounds = (512, 1) if args.quick else (4096, 12)
     rows = [measure(n, rounds, world_size, persistent) for persistent in (False, True) for world_size in (1, 2)]
     header = f"{'workers':<22} {'plain samples/s':>16} {'ours samples/s':>15} {'main CPU s, plain/ours':>23}"
     print(f"{header}  ours/plain (lower quartile)  plain on ours' forkserver / plain")

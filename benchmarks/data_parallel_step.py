@@ -134,14 +134,14 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="2 rounds of 20 steps, small widths, memory of ddp and FSDP2 (smoke test)",
+        help="1 round of 20 steps, small widths, memory of ddp and FSDP2 (smoke test)",
     )
     parser.add_argument("--out", default=str(RESULTS / "data_parallel_step.json"))
     args = parser.parse_args()
     variants = list(TIMED) + ([] if args.quick else ["fp16", "powersgd"])
-    rounds, steps, wide_d_model = (2, 20, 64) if args.quick else (9, 150, WIDE_D_MODEL)
+    rounds, steps, wide_d_model = (1, 20, 64) if args.quick else (9, 150, WIDE_D_MODEL)
     table = timing(run(variants, rounds, steps))
-    wide_rounds, wide_steps = (2, 20) if args.quick else (7, 40)
+    wide_rounds, wide_steps = (1, 20) if args.quick else (7, 40)
     wide = timing(run(list(WIDE_VARIANTS), wide_rounds, wide_steps, f"--d-model={wide_d_model}"))
     if args.quick:  # one launch per variant: the sharded ones' rows, not their peers' (timed above)
         held = memory(1, SMALL_D_MODEL, SMALL_N_LAYERS, QUICK_MEMORY_VARIANTS)

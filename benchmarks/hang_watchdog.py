@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few rounds and steps, a Python hang (smoke test)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hang_watchdog.json"))
     args = parser.parse_args()
-    rounds, steps, d_model, state_d_model = (2, 20, 64, 64) if args.quick else (9, 150, 64, 416)
+    rounds, steps, d_model, state_d_model = (1, 20, 64, 64) if args.quick else (9, 150, 64, 416)
     freeze, min_timeout_s = ("hang", 2.0) if args.quick else ("SIGSTOP", 10.0)
 
     scratch = Path(tempfile.mkdtemp(prefix="hang-bench-"))

@@ -57,10 +57,10 @@ def run(job: list[str], processes: int) -> dict[str, list]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="two rounds, one width, m=4 (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="one round, one width, m=4 (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "pipeline_throughput.json"))
     args = parser.parse_args()
-    rounds, widths, ms, steps = (2, [128], [4], 12) if args.quick else (11, [256, 1024], [2, 4, 8], 40)
+    rounds, widths, ms, steps = (1, [128], [4], 8) if args.quick else (11, [256, 1024], [2, 4, 8], 40)
 
     rows = []
     for width in widths:

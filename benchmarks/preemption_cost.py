@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and steps (smoke test)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "preemption_cost.json"))
     args = parser.parse_args()
-    rounds, steps, d_model = (2, 30, 64) if args.quick else (9, 200, 416)
+    rounds, steps, d_model = (1, 20, 64) if args.quick else (9, 200, 416)
 
     per_round = launch("overhead", steps, 64, rounds)["rounds"]
     notices = [launch("notice", 40, d_model) for _ in range(1 if args.quick else 3)]

@@ -44,10 +44,10 @@ def launch(program: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="1 round (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "process_start.json"))
     args = parser.parse_args()
-    rounds = 2 if args.quick else 16
+    rounds = 1 if args.quick else 16
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in PROGRAMS}
     for index in range(rounds):
         for name in rotated(list(PROGRAMS), index):

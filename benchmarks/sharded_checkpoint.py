@@ -212,13 +212,11 @@ def print_zero1(table: dict[str, Any], rounds: int, memory_rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="a 13 MB state, 2 rounds, one launch per part (smoke test)"
-    )
+    parser.add_argument("--quick", action="store_true", help="a 13 MB state, 1 round, one launch per part (smoke test)")
     parser.add_argument("--out", default=str(RESULTS / "sharded_checkpoint.json"), help="where to write the JSON")
     args = parser.parse_args()
     size, rounds, memory_rounds = (
-        ({"width": 512, "layers": 4}, 2, 1) if args.quick else ({"width": 2048, "layers": 10}, 6, 2)
+        ({"width": 512, "layers": 4}, 1, 1) if args.quick else ({"width": 2048, "layers": 10}, 6, 2)
     )
 
     server, env = s3_server()
