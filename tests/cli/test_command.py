@@ -373,9 +373,11 @@ def test_torchrun_restarts_of_a_usage_error_end_at_once_with_the_same_message(tm
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     text = output(done)
     assert done.returncode == 1, text[-4000:]  # torchrun's own code for a job whose workers failed
-    # every worker torchrun saw end, in every attempt, ended with the usage error's code (one it stops is not listed)
+    # every worker torchrun saw end, in every attempt, ended with the usage error's code, or with 143 where torchrun's
+    # SIGTERM stopped it first (SpotPreemption's exit), which it lists when the worker ends before it looks again
     codes = re.findall(r"failed \(exitcode: (-?\d+)\)", text) + re.findall(r"exitcode\s+: (-?\d+)", text)
-    assert codes and set(codes) == {str(USAGE_ERROR_EXIT_CODE)}, text[-4000:]
+    usage = str(USAGE_ERROR_EXIT_CODE)
+    assert usage in codes and set(codes) <= {usage, "143"}, text[-4000:]
     # the one traceback is torchrun's own report of the failed job, not a worker's ("<string>": its entry point)
     frames = re.findall(r'File "([^"]+)"', text)
     assert all(f.startswith("<frozen") or f == "<string>" or "/torch/distributed/" in f for f in frames), frames
