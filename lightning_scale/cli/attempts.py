@@ -30,7 +30,7 @@ def launch_id() -> str | None:
     local_rank = os.environ.get("LOCAL_RANK")
     if local_rank is None:
         return None
-    return f"local-{os.getpid() if local_rank == '0' else os.getppid()}"
+    return f"local-{_process_key(os.getpid() if local_rank == '0' else os.getppid())}"
 
 
 def usage_error_of_an_earlier_attempt() -> str | None:
@@ -67,15 +67,32 @@ def end_a_later_attempt(earlier: str) -> NoReturn:
 
 def _attempt_marker() -> Path | None:
     """Where a torchrun job's attempts leave a usage error for the next one on this node: named by the run id and
-    the torchrun agent's process, so a new torchrun command never reads an old one."""
+    the torchrun agent's process and its start, so a new torchrun command never reads an old one."""
     job = _torchrun_job()
     return None if job is None else Path(tempfile.gettempdir()) / f"lightning-scale-usage-error-{job}.txt"
 
 
 def _torchrun_job() -> str | None:
-    """``RUN_ID-AGENT_PID`` of the torchrun job this worker belongs to (the agent: the workers' parent, or their
+    """``RUN_ID-AGENT`` of the torchrun job this worker belongs to (the agent: the workers' parent, or their
     warm-restart parent's), the same in every attempt; ``None`` outside torchrun."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None or os.environ.get("TORCHELASTIC_RESTART_COUNT") is None:
         return None
-    return f"{run_id}-{os.environ.get(LAUNCHER_PID_VARIABLE, str(os.getppid()))}"
+    return f"{run_id}-{_process_key(int(os.environ.get(LAUNCHER_PID_VARIABLE, os.getppid())))}"
+
+
+def _process_key(pid: int) -> str:
+    """``PID.START``: the process ``pid`` and when it started, so that a later process given the same pid (pids are
+    reused; torchrun's run id is ``none`` unless given) never reads what an earlier one left; the pid alone where the
+    start is unknown (no ``/proc``)."""
+    start = process_start(pid)
+    return str(pid) if start is None else f"{pid}.{start}"
+
+
+def process_start(pid: int) -> int | None:
+    """When the process ``pid`` started, in clock ticks after boot (``/proc/PID/stat``); ``None`` where unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, after the pid and the command's name
+    except (OSError, ValueError, IndexError):
+        return None
