@@ -14,7 +14,8 @@ from lightning_scale.cli.attempts import (
 from lightning_scale.cli.command import ScaleCLI
 from lightning_scale.cli.consolidate import consolidate
 from lightning_scale.cli.strategy_flags import strategy_names_as_class_paths
-from lightning_scale.cli.usage_errors import exit_on_usage_error, usage_error_in
+from lightning_scale.cli.usage_errors import exit_on_usage_error, reported_on_this_node, usage_error_in
+from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
 from lightning_scale.restart import supervise, warm_restarts_apply
 
 __all__ = ["main"]
@@ -63,6 +64,8 @@ def _run(argv: list[str], explicit: bool) -> None:
     except Exception as error:
         usage = usage_error_in(error)
         if usage is None:
+            if reported_on_this_node():  # another rank's usage error, which this failure follows from
+                raise SystemExit(USAGE_ERROR_EXIT_CODE) from None
             raise
         remember_for_later_attempts(str(usage))
         exit_on_usage_error(str(usage))
