@@ -1,5 +1,5 @@
 """Linux process relations: a process that must not outlive its parent (the parent-death signal), who is whose
-parent, what state a process is in and what environment it started with (``/proc``)."""
+parent, what state a process is in, when it started and what environment it started with (``/proc``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["die_with_parent", "parent_ids", "process_environment", "process_state"]
+__all__ = ["die_with_parent", "parent_ids", "process_environment", "process_start", "process_state"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -44,6 +44,15 @@ def process_state(pid: int) -> str | None:
     with contextlib.suppress(OSError, IndexError):
         # after the command's name, which may hold spaces and parentheses
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return None
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (``/proc``): with its id, it names one process, where
+    the id alone is reused. ``None`` once it is gone."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        # field 22; the 20th after the command's name, which may hold spaces and parentheses
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     return None
 
 

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from lightning_scale._linux import process_start
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
 from lightning_scale.restart.supervisor import LAUNCHER_PID_VARIABLE
 
@@ -87,12 +88,3 @@ def _process_key(pid: int) -> str:
     start is unknown (no ``/proc``)."""
     start = process_start(pid)
     return str(pid) if start is None else f"{pid}.{start}"
-
-
-def process_start(pid: int) -> int | None:
-    """When the process ``pid`` started, in clock ticks after boot (``/proc/PID/stat``); ``None`` where unreadable."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, after the pid and the command's name
-    except (OSError, ValueError, IndexError):
-        return None

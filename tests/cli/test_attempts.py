@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 
 from lightning_scale.cli import attempts
@@ -20,9 +19,3 @@ def test_a_new_agent_with_an_earlier_ones_pid_does_not_read_its_usage_error(tmp_
     assert attempts.usage_error_of_an_earlier_attempt() == "an earlier job's usage error"  # the same job's next attempt
     monkeypatch.setattr(attempts, "process_start", lambda pid: 2000)  # another agent, given pid 4242 later
     assert attempts.usage_error_of_an_earlier_attempt() is None
-
-
-def test_a_process_start_is_read_from_proc_and_stays_the_same():
-    started = attempts.process_start(os.getpid())
-    assert isinstance(started, int) and started > 0 and attempts.process_start(os.getpid()) == started
-    assert attempts.process_start(2**22 + 1) is None  # above any pid: no such process
