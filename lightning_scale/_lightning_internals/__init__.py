@@ -146,10 +146,11 @@ __all__ = [
 
 INHERITED_PRIVATE: dict[str, tuple[str, ...]] = {
     "ModelCheckpoint": (
-        "_find_last_checkpoints", "_get_metric_interpolated_filepath_name", "_last_checkpoint_saved",
-        "_last_global_step_saved", "_monitor_candidates", "_remove_checkpoint", "_save_checkpoint",
-        "_save_last_checkpoint", "_save_none_monitor_checkpoint", "_save_topk_checkpoint",
-        "_should_skip_saving_checkpoint",
+        "_every_n_epochs", "_every_n_train_steps", "_find_last_checkpoints", "_generate_state_key",
+        "_get_metric_interpolated_filepath_name", "_last_checkpoint_saved", "_last_global_step_saved",
+        "_monitor_candidates", "_remove_checkpoint", "_save_checkpoint", "_save_last_checkpoint",
+        "_save_none_monitor_checkpoint", "_save_topk_checkpoint", "_should_skip_saving_checkpoint",
+        "_train_time_interval",
     ),
     "EarlyStopping": ("_generate_state_key",),
     "Callback": ("_generate_state_key",),

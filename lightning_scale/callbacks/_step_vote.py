@@ -123,8 +123,10 @@ class StepVote:
         voting = {key for key, answer in answers.items() if answer is not None}
         if not voting:
             return delivered
+        if trainer.world_size == 1:  # the answers are this rank's: no collective to ask
+            return {**delivered, **{key: bool(answers[key]) for key in voting}}
         flags = [bool(answer) for answer in answers.values()]  # a slot for every ballot: the same length everywhere
-        if voting <= self._deferred and self._start is not None and trainer.world_size > 1:
+        if voting <= self._deferred and self._start is not None:
             self._pending = (list(answers), self._start(flags))
             return delivered
         agreed = dict(zip(answers, self._any_rank_each(flags), strict=True))

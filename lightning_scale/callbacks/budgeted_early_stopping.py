@@ -16,6 +16,7 @@ from typing_extensions import override
 from lightning_scale import distributed
 from lightning_scale._trainer_attributes import trainer_callbacks, trainer_fast_dev_run
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks._state_key import settings_state_key
 from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.cost_tracker import CostTracker
 from lightning_scale.errors import ConfigurationError
@@ -136,7 +137,7 @@ class BudgetedEarlyStopping(EarlyStopping):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(monitor=self.monitor, mode=self.mode, budget=True)
+        return settings_state_key(self, self._generate_state_key, monitor=self.monitor, mode=self.mode, budget=True)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -193,12 +194,13 @@ class BudgetedEarlyStopping(EarlyStopping):
         if step == self._last_checked_step or step % self.check_every_n_steps:
             return None  # inside a gradient accumulation window, or not a checking step: same on every rank
         self._last_checked_step = step
-        report = self._tracker.report(step)
+        meter = self._tracker.meter  # its two figures, not a whole report: this runs every step
+        assert meter is not None, "CostTracker creates its meter in setup('fit')"
         self._reached = None
-        if self.max_cost_usd is not None and report.usd_total >= self.max_cost_usd:
-            self._reached = ("max_cost_usd", f"${report.usd_total:.4f} >= ${self.max_cost_usd}")
-        elif self.max_hours is not None and report.hours >= self.max_hours:
-            self._reached = ("max_hours", f"{report.hours:.3f} h >= {self.max_hours} h")
+        if self.max_cost_usd is not None and (usd_total := meter.usd_total()) >= self.max_cost_usd:
+            self._reached = ("max_cost_usd", f"${usd_total:.4f} >= ${self.max_cost_usd}")
+        elif self.max_hours is not None and (hours := meter.seconds() / 3600.0) >= self.max_hours:
+            self._reached = ("max_hours", f"{hours:.3f} h >= {self.max_hours} h")
         return self._reached is not None
 
     @override

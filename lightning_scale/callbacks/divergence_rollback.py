@@ -18,6 +18,7 @@ from typing_extensions import override
 from lightning_scale import distributed
 from lightning_scale._lightning_internals import restore_training_state
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks._state_key import settings_state_key
 from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
 from lightning_scale.errors import ConfigurationError
@@ -77,7 +78,7 @@ class DivergenceRollback(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(spike_factor=self.spike_factor)
+        return settings_state_key(self, self._generate_state_key, spike_factor=self.spike_factor)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

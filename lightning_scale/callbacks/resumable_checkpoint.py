@@ -38,6 +38,7 @@ from lightning_scale.callbacks._checkpoint_save_path import SavePath
 from lightning_scale.callbacks._checkpoint_snapshots import MemoryResume, memory_snapshots
 from lightning_scale.callbacks._checkpoint_timer import TimeTrigger
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks._state_key import settings_state_key
 from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.checkpoint.journal import RunJournal
 from lightning_scale.checkpoint.rank_zero import on_storage
@@ -204,6 +205,13 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
         return found[0]
 
     @property
+    @override
+    def state_key(self) -> str:  # ModelCheckpoint's key, formatted once (tests/callbacks/test_state_key.py)
+        return settings_state_key(self, self._generate_state_key, monitor=self.monitor, mode=self.mode,
+                                  every_n_train_steps=self._every_n_train_steps, every_n_epochs=self._every_n_epochs,
+                                  train_time_interval=self._train_time_interval)  # fmt: skip
+
+    @property
     def store(self) -> CheckpointStore:
         """The checkpoint directory (available once ``setup`` resolved ``dirpath``)."""
         if self._store is None:
@@ -294,12 +302,7 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
 
     @override
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: STEP_OUTPUT,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
         if self._snapshots is not None:
             self._snapshots.on_train_batch_end(trainer, outputs, batch_idx)
@@ -380,12 +383,7 @@ class ResumableCheckpoint(ProcessLocal, SavePath):
     @override
     def state_dict(self) -> dict[str, Any]:
         step = self._trainer.global_step if self._trainer is not None else None
-        return {
-            **super().state_dict(),
-            "version": STATE_VERSION,
-            **self._lineage.state_dict(),
-            "global_step": step,
-        }
+        return {**super().state_dict(), "version": STATE_VERSION, **self._lineage.state_dict(), "global_step": step}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

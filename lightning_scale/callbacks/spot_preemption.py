@@ -26,6 +26,7 @@ from lightning_scale._lightning_internals import (
 )
 from lightning_scale._process_local import ProcessLocal
 from lightning_scale.callbacks._state import STATE_VERSION, check_state_version
+from lightning_scale.callbacks._state_key import settings_state_key
 from lightning_scale.callbacks._step_vote import StepVote
 from lightning_scale.callbacks.hang_watchdog import JOURNAL_WAIT_S
 from lightning_scale.callbacks.resumable_checkpoint import ResumableCheckpoint
@@ -130,7 +131,7 @@ class SpotPreemption(ProcessLocal, Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(check_every_n_steps=self.check_every_n_steps)
+        return settings_state_key(self, self._generate_state_key, check_every_n_steps=self.check_every_n_steps)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -32,7 +32,7 @@ class Collective:
 
 
 def batch(step: int, epoch: int = 0) -> Any:
-    return SimpleNamespace(current_epoch=epoch, global_step=step)
+    return SimpleNamespace(current_epoch=epoch, global_step=step, world_size=2)
 
 
 def test_every_ballot_is_cast_once_per_batch_in_one_collective():
@@ -143,10 +143,12 @@ def test_a_ballot_that_cannot_wait_takes_the_deferred_ones_into_its_collective()
     assert starts == [] and collective.calls == [[False, False]]
 
 
-def test_on_one_process_a_deferred_ballot_is_answered_in_its_own_batch():
+def test_on_one_process_a_deferred_ballot_is_answered_in_its_own_batch_without_a_collective():
     collective, starts = Collective(others=[True]), []
     vote = StepVote(collective, started(collective, starts))
-    notice = object()
-    vote.join(notice, lambda trainer, outputs: False, deferred=True)
-    assert vote.agreed(notice, SimpleNamespace(current_epoch=0, global_step=1, world_size=1), None, batch_idx=1)
-    assert starts == []
+    notice, budget = object(), object()
+    vote.join(notice, lambda trainer, outputs: True, deferred=True)
+    vote.join(budget, lambda trainer, outputs: False, deferred=True)
+    alone = SimpleNamespace(current_epoch=0, global_step=1, world_size=1)
+    assert vote.agreed(notice, alone, None, batch_idx=1) and not vote.agreed(budget, alone, None, batch_idx=1)
+    assert starts == [] and collective.calls == []
