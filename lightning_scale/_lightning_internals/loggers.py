@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 __all__ = [
     "drop_unset_wandb_anonymous",
+    "log_step_metrics",
     "reopen_wandb_run",
     "trainer_logs_this_step",
 ]
@@ -18,6 +19,18 @@ __all__ = [
 def trainer_logs_this_step(trainer: pl.Trainer) -> bool:
     """In ``on_train_batch_end``: whether the Trainer sends the metrics logged at this step to its loggers."""
     return bool(trainer._logger_connector.should_update_logs)
+
+
+def log_step_metrics(trainer: pl.Trainer, metrics: dict[str, float]) -> None:
+    """In ``on_train_batch_end`` of a step :func:`trainer_logs_this_step` says is logged: send ``metrics`` to the
+    Trainer's loggers now, at the step the metrics ``self.log`` gave in this step are sent with (the count of batches
+    that stepped, as ``LearningRateMonitor`` logs). ``self.log`` costs ~0.3 ms a metric in Lightning 2.6 (it
+    deep-copies the metric's description to move it to the device at every call): for a dozen figures at every
+    logging step, several percent of a step of a few milliseconds. Loggers write on rank 0 only."""
+    if trainer.is_global_zero:
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
 
 
 def drop_unset_wandb_anonymous(logger: WandbLogger) -> None:

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_scale import distributed
-from lightning_scale._lightning_internals import trainer_logs_this_step
+from lightning_scale._lightning_internals import log_step_metrics, trainer_logs_this_step
 from lightning_scale._trainer_attributes import trainer_callbacks
 from lightning_scale.callbacks.cost_tracker import CostTracker
 from lightning_scale.health.stragglers import StragglerTally, WindowVerdict
@@ -162,7 +162,7 @@ class StragglerDetector(Callback):
         }
         if priced:
             metrics["stragglers/usd"] = self.usd
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)  # the same values on every rank
+        log_step_metrics(trainer, metrics)  # the same values on every rank
         if verdict.straggler is not None and verdict.straggler not in self.named:
             self._name(trainer, verdict)
 

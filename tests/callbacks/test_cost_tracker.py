@@ -7,12 +7,13 @@ import math
 from pathlib import Path
 
 import pytest
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import CostTracker, ResumableCheckpoint
+from lightning_scale.callbacks.cost_tracker import IN_THE_STEPS_ROW
 from lightning_scale.cost import PriceCatalogError
 from lightning_scale.testing.step_clock import StepClock
 from tests.fitting import fit
@@ -42,6 +43,29 @@ def test_every_documented_metric_is_logged_exactly_and_nothing_else(tmp_path, ti
     assert float(final["cost/preemption_waste_usd"]) == 0.0
     steps = [row for row in rows if row["cost/usd_total"] and row["step"] in ("1", "3")]
     assert [float(row["cost/usd_total"]) for row in steps] == [2.0, 4.0]  # logged every 2 steps, as the Trainer logs
+
+
+def test_a_steps_figures_reach_the_loggers_at_its_step_and_only_the_plotted_ones_through_self_log(
+    tmp_path, tiny_trainer_kwargs, monkeypatch
+):
+    logged_by_self_log: set[str] = set()
+    original = LightningModule.log
+
+    def spy(module: LightningModule, name: str, *args: object, **kwargs: object) -> None:
+        if module.trainer.training:
+            logged_by_self_log.add(name)
+        original(module, name, *args, **kwargs)
+
+    monkeypatch.setattr(LightningModule, "log", spy)
+    clock = StepClock(seconds_per_step=450.0)
+    tracker = CostTracker(price_per_hour=8.0, clock=clock.now, progress_bar=False)
+    fit([clock, tracker], tiny_trainer_kwargs, max_steps=6, logger=CSVLogger(tmp_path / "logs"), log_every_n_steps=2)
+    assert {name for name in logged_by_self_log if name.startswith("cost/")} == set(IN_THE_STEPS_ROW)
+    rows = logged_rows(tmp_path / "logs")
+    for step, usd in (("1", 2.0), ("3", 4.0)):  # the Trainer's rows of steps 1 and 3, ours beside them
+        at_step = {key: float(value) for row in rows if row["step"] == step for key, value in row.items() if value}
+        assert at_step["train_loss"] and at_step["cost/usd_total"] == usd and at_step["cost/usd_per_step"] == 1.0
+        assert next(row for row in rows if row["step"] == step and row["train_loss"])["cost/usd_total"]
 
 
 def test_every_node_is_billed(tmp_path, tiny_trainer_kwargs):
