@@ -36,7 +36,7 @@ import torch
 
 from lightning_scale._linux import parent_ids
 from lightning_scale._python_internals import fork_forkserver, forkserver_pid, start_resource_tracker_apart
-from lightning_scale.data._forkserver_setup import prepare_server
+from lightning_scale.data._forkserver_setup import hand_main_to_server, prepare_server
 from lightning_scale.distributed import has_process_group
 
 __all__ = [
@@ -74,6 +74,7 @@ def safe_worker_context(loader: Any, name: str) -> multiprocessing.context.BaseC
         return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when the forkserver starts (once per process)
+    hand_main_to_server()  # which the server imports once, not every worker at its start (what the check above allows)
     start_resource_tracker_apart()  # the workers' semaphores are unlinked even if torchrun kills the rank's group
     return context
 

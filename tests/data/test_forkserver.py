@@ -189,3 +189,46 @@ def test_a_single_threaded_process_forks_its_forkserver_which_serves_at_once_and
     while _marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _marked(marker) == []
+
+
+_IMPORTS_ONCE = """
+import sys
+sys.path[:0] = {path!r}
+import torch
+from torch.utils.data import DataLoader, Dataset
+import imports_seen  # beside the script: notes every process that imports it
+from lightning_scale.data.forkserver import safe_worker_context
+
+
+class Squares(Dataset):  # of the script: workers unpickle it from the script the server imported
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return torch.tensor(float(index * index))
+
+
+if __name__ == "__main__":
+    loader = DataLoader(Squares(), batch_size=4, num_workers=2)
+    loader.multiprocessing_context = safe_worker_context(loader, "loader")
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    for epoch in range(3):  # workers start again at every epoch
+        assert [batch.tolist() for batch in loader] == [[0.0, 1.0, 4.0, 9.0], [16.0, 25.0, 36.0, 49.0]]
+"""
+
+
+@pytest.mark.timeout(180)
+def test_the_forkserver_imports_the_script_once_and_its_workers_start_without_importing_it(tmp_path):
+    """multiprocessing's forkserver leaves the script to each worker (a run of its top level and of every import the
+    server had not made, at every worker's start); the server imports it once, where the rank named it."""
+    seen = tmp_path / "seen.txt"
+    (tmp_path / "imports_seen.py").write_text(
+        f"import os\nwith open({str(seen)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n"
+    )
+    script = tmp_path / "rank.py"
+    script.write_text(_IMPORTS_ONCE.format(path=sys.path))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    importers = seen.read_text().split()
+    assert len(importers) == len(set(importers)) == 2, importers  # the script's process and the server, no worker
+    assert "Traceback" not in done.stderr
