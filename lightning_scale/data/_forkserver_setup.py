@@ -39,7 +39,12 @@ __all__ = ["MAIN_VARIABLE", "hand_main_to_server", "prepare_server"]
 
 MAIN_VARIABLE = "LIGHTNING_SCALE_FORKSERVER_MAIN"
 """In the environment of a process that may start a forkserver: its process id and what of its preparation data
-names its script and ``sys.path`` (JSON). A forkserver started by another process ignores it."""
+names its script and where workers import it (``sys.path``, ``sys.argv``, the directory; JSON). A forkserver started
+by another process ignores it."""
+
+MAX_NAMED_BYTES = 32 * 1024
+"""The longest :data:`MAIN_VARIABLE` set: a variable of more than 128 KiB would make every later ``exec`` of the
+process fail (Linux's limit on one string of the environment)."""
 
 _server: int | None = None  # in the forkserver and, until they start, its workers: the server's process id
 
@@ -58,8 +63,10 @@ def prepare_server(rank: int) -> None:
 def hand_main_to_server() -> None:
     """In a rank, before its forkserver starts: name the script being run to the server (:data:`MAIN_VARIABLE`)."""
     data = multiprocessing.spawn.get_preparation_data("forkserver")
-    wanted = ("init_main_from_name", "init_main_from_path", "sys_path")
-    os.environ[MAIN_VARIABLE] = json.dumps({"pid": os.getpid(), **{key: data[key] for key in wanted if key in data}})
+    wanted = ("init_main_from_name", "init_main_from_path", "sys_path", "sys_argv", "dir", "orig_dir")  # as a worker
+    named = json.dumps({"pid": os.getpid(), **{key: data[key] for key in wanted if key in data}})
+    if len(named) <= MAX_NAMED_BYTES:  # else workers import the script themselves, as before
+        os.environ[MAIN_VARIABLE] = named
 
 
 def _import_main(parent: int) -> None:

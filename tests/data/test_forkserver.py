@@ -199,12 +199,15 @@ from torch.utils.data import DataLoader, Dataset
 import imports_seen  # beside the script: notes every process that imports it
 from lightning_scale.data.forkserver import safe_worker_context
 
+ARGV = sys.argv  # at import: the rank's arguments, in the server as in the rank
+
 
 class Squares(Dataset):  # of the script: workers unpickle it from the script the server imported
     def __len__(self):
         return 8
 
     def __getitem__(self, index):
+        assert ARGV[1:] == ["--rank-argument"], ARGV
         return torch.tensor(float(index * index))
 
 
@@ -227,7 +230,8 @@ def test_the_forkserver_imports_the_script_once_and_its_workers_start_without_im
     )
     script = tmp_path / "rank.py"
     script.write_text(_IMPORTS_ONCE.format(path=sys.path))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    command = [sys.executable, str(script), "--rank-argument"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     importers = seen.read_text().split()
     assert len(importers) == len(set(importers)) == 2, importers  # the script's process and the server, no worker
