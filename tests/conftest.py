@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from lightning_scale import knobs
@@ -42,6 +43,12 @@ _holders_looked_up = [0.0]  # when this process last did
 _FIRST_SEEN_NOTES = Path(os.environ.get("LIGHTNING_SCALE_TEST_SHM_NOTES") or tempfile.mkdtemp(prefix="shm-notes-"))
 os.environ["LIGHTNING_SCALE_TEST_SHM_NOTES"] = str(_FIRST_SEEN_NOTES)
 _ON_CI = suite_guards.on_ci(os.environ)
+
+# One intra-op thread in each process of the suite (here, and through the environment in every process a test starts;
+# a value set outside is kept): the suite runs three workers on CI's two cores, each test's jobs beside them, and
+# torch's threads would only wait for each other there: a quarter of the in-process tests' CPU went on that.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def _xdist_worker(config: pytest.Config) -> bool:
