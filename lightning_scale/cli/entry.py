@@ -15,6 +15,7 @@ from lightning_scale.cli.command import ScaleCLI
 from lightning_scale.cli.consolidate import consolidate
 from lightning_scale.cli.strategy_flags import strategy_names_as_class_paths
 from lightning_scale.cli.usage_errors import exit_on_usage_error, reported_on_this_node, usage_error_in
+from lightning_scale.data.forkserver import start_forkserver_early
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE
 from lightning_scale.restart import supervise, warm_restarts_apply
 
@@ -27,7 +28,9 @@ def main(argv: list[str] | None = None) -> None:
     Python), it leaves the garbage collector as it was; as the command, it speeds up the process's exit (see
     :func:`lightning_scale.distributed.destroy_process_group`). As the command under torchrun, each rank's process
     runs the training as warm-restarted children (:mod:`lightning_scale.restart`; ``LIGHTNING_SCALE_WARM_RESTARTS``)
-    and ends with their final exit code at once, without the interpreter's teardown."""
+    and ends with their final exit code at once, without the interpreter's teardown; without them, a rank of several
+    forks the forkserver of its loaders' workers first, as a warm-restart parent does
+    (:func:`~lightning_scale.data.forkserver.start_forkserver_early`)."""
     explicit = argv is not None
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["consolidate"]:
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if not explicit:  # a rank of several: its loaders' forkserver, a fork of it before it builds anything
+        start_forkserver_early()
     _run(argv, explicit)
 
 

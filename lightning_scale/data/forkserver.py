@@ -11,7 +11,8 @@ Under warm restarts (:mod:`lightning_scale.restart`) each rank's parent starts t
 (:func:`start_forkserver`), before it forks the first training attempt: every attempt uses that server, whose torch
 is already imported, so a restarted attempt's workers start in milliseconds instead of the seconds a new server takes
 to import torch; the parent kills a failed attempt's workers (:func:`kill_forkserver_workers`), whose own parent, the
-server, lives on.
+server, lives on. Without warm restarts, ``lightning-scale fit`` forks the server the same way in each rank of several,
+before it builds anything (:func:`start_forkserver_early`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "kill_forkserver_workers",
     "safe_worker_context",
     "start_forkserver",
+    "start_forkserver_early",
     "start_workers_safely",
     "worker_context",
 ]
@@ -110,19 +112,37 @@ def start_forkserver() -> int:
     everything it imported: it serves at once and shares this process's memory, where a new interpreter would spend
     seconds of CPU and hundreds of MB importing torch and Lightning again. Otherwise (or where this Python's
     forkserver differs) it is started as usual, without waiting for its imports."""
-    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
-    start_resource_tracker_apart()  # which the server and its workers use too
-    if threading.active_count() == 1 and not has_process_group():
-        for module in FORKSERVER_PRELOAD[:-1]:
-            importlib.import_module(module)
-        rank = os.getpid()
-        pid = fork_forkserver(lambda: prepare_server(rank))
-        if pid is not None:
-            return pid
+    pid = _fork_forkserver()
+    if pid is not None:
+        return pid
     multiprocessing.forkserver.ensure_running()
     pid = forkserver_pid()
     assert pid is not None, "ensure_running started no forkserver"
     return pid
+
+
+def start_forkserver_early() -> int | None:
+    """In a process that a launcher started as one rank of several (``WORLD_SIZE``, or an ``srun`` step's
+    ``SLURM_STEP_NUM_TASKS``, over 1), before it builds anything: the forkserver its DataLoader workers will start
+    from, forked from it now as :func:`start_forkserver` does; its process id. Later, with the process group's threads
+    running, the server could only be a new interpreter, which imports torch and Lightning for seconds of CPU while
+    the rank waits for its first batch. ``None``, and nothing started, where a fork cannot be made now (another thread
+    runs, a process group exists, a server runs already) or the process is alone; its loaders start a server as
+    usual if they need one. An unused server idles, sharing this process's memory, and dies with it."""
+    launched = os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_STEP_NUM_TASKS") or "1"
+    return _fork_forkserver() if int(launched) > 1 else None
+
+
+def _fork_forkserver() -> int | None:
+    """The forkserver as a fork of this process, where it runs no other thread and no process group: its id."""
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    start_resource_tracker_apart()  # which the server and its workers use too
+    if threading.active_count() > 1 or has_process_group():
+        return None
+    for module in FORKSERVER_PRELOAD[:-1]:
+        importlib.import_module(module)
+    rank = os.getpid()
+    return fork_forkserver(lambda: prepare_server(rank))
 
 
 def kill_forkserver_workers(server: int) -> list[int]:

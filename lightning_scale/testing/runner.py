@@ -42,6 +42,7 @@ from lightning_scale.callbacks import (
     SpotPreemption,
 )
 from lightning_scale.checkpoint import CheckpointStore, find_newest_valid
+from lightning_scale.data.forkserver import start_forkserver_early
 from lightning_scale.preemption import (
     AWSSpotNotice,
     AzureScheduledEvents,
@@ -288,4 +289,5 @@ if __name__ == "__main__":
     warm = read_job(sys.argv[1]).warm_restarts
     if warm_restarts_apply(warm):
         sys.exit(supervise(lambda: _attempt(sys.argv[1]), warm))
+    start_forkserver_early()  # as the command does
     _attempt(sys.argv[1])

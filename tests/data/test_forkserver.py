@@ -236,3 +236,69 @@ def test_the_forkserver_imports_the_script_once_and_its_workers_start_without_im
     importers = seen.read_text().split()
     assert len(importers) == len(set(importers)) == 2, importers  # the script's process and the server, no worker
     assert "Traceback" not in done.stderr
+
+
+_EARLY = """
+import os, sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+from lightning_scale._python_internals import forkserver_pid
+from lightning_scale.data.forkserver import safe_worker_context, start_forkserver_early
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return torch.tensor(float(index * index))
+
+
+if __name__ == "__main__":
+    server = start_forkserver_early()  # as the command's rank does before it builds anything
+    loader = DataLoader(Squares(), batch_size=4, num_workers=2)
+    loader.multiprocessing_context = safe_worker_context(loader, "loader")  # later, as a rank's loader
+    batches = [batch.tolist() for batch in loader]
+    print(server, forkserver_pid(), batches, flush=True)
+    sys.stdin.readline()
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("launched", ["WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "alone"])
+def test_a_rank_of_several_forks_its_forkserver_early_and_its_loader_s_workers_start_from_it(tmp_path, launched):
+    """What the command does in a rank that torchrun or srun started (without warm restarts, whose parent does the
+    same): the server its loaders' workers start from is a fork of the rank, made before the rank built anything (a
+    few ms of CPU where a new interpreter spends seconds importing), used by the loader's forkserver context later,
+    and gone with the rank. A process alone forks none: its loader starts a server as usual if it needs one."""
+    marker = uuid.uuid4().hex
+    script = tmp_path / "rank.py"
+    script.write_text(_EARLY)
+    env = {**os.environ, "LIGHTNING_SCALE_TEST_MARK": marker, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for variable in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
+        env.pop(variable, None)
+    if launched != "alone":
+        env[launched] = "2"
+    rank = subprocess.Popen([sys.executable, str(script)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert rank.stdout is not None and rank.stdin is not None
+        early, server, batches = rank.stdout.readline().split(" ", 2)
+        assert batches == "[[0.0, 1.0, 4.0, 9.0], [16.0, 25.0, 36.0, 49.0]]\n"
+        assert early == (server if launched != "alone" else "None")
+        stat = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[1]) == rank.pid
+        forked = b"forkserver" not in Path(f"/proc/{server}/cmdline").read_bytes()  # the rank's own command line
+        assert forked is (launched != "alone")
+        if forked:
+            assert (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") < 0.5  # CPU seconds: no import
+        rank.stdin.write("\n")
+        rank.stdin.flush()
+        assert rank.wait(timeout=60) == 0
+    finally:
+        rank.kill()
+        rank.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _marked(marker) == []
