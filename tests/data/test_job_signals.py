@@ -45,7 +45,8 @@ def test_shielded_workers_survive_job_signals_from_outside_and_the_loader_goes_o
     assert "can still receive" not in err  # spawn workers import torch, which starts a thread: blocked from birth
 
 
-def test_the_function_alone_cannot_cover_threads_started_before_it_and_says_so(capfd):
+def test_the_function_alone_cannot_cover_threads_started_before_it_and_says_so(capfd, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # spawn workers that import torch start a thread (the suite sets 1)
     loader = _loader(ShieldFromJobSignals(), "spawn")  # without shield_workers: nothing blocked at the start
     assert len(list(loader)) == 32
     assert "thread(s) started before worker_init_fn can still receive SIGTERM, SIGUSR1" in capfd.readouterr().err
