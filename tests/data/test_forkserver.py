@@ -255,6 +255,11 @@ class Squares(Dataset):
 
 
 if __name__ == "__main__":
+    launched = os.environ.pop(sys.argv[1])
+    assert start_forkserver_early() is None  # a process alone: none
+    os.environ[sys.argv[1]] = "1"
+    assert start_forkserver_early() is None and forkserver_pid() is None
+    os.environ[sys.argv[1]] = launched
     server = start_forkserver_early()  # as the command's rank does before it builds anything
     loader = DataLoader(Squares(), batch_size=4, num_workers=2)
     loader.multiprocessing_context = safe_worker_context(loader, "loader")  # later, as a rank's loader
@@ -265,33 +270,29 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("launched", ["WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "alone"])
+@pytest.mark.parametrize("launched", ["WORLD_SIZE", "SLURM_STEP_NUM_TASKS"])
 def test_a_rank_of_several_forks_its_forkserver_early_and_its_loader_s_workers_start_from_it(tmp_path, launched):
     """What the command does in a rank that torchrun or srun started (without warm restarts, whose parent does the
     same): the server its loaders' workers start from is a fork of the rank, made before the rank built anything (a
     few ms of CPU where a new interpreter spends seconds importing), used by the loader's forkserver context later,
-    and gone with the rank. A process alone forks none: its loader starts a server as usual if it needs one."""
+    and gone with the rank. A process alone forks none (its loaders start a server as usual if they need one)."""
     marker = uuid.uuid4().hex
     script = tmp_path / "rank.py"
     script.write_text(_EARLY)
     env = {**os.environ, "LIGHTNING_SCALE_TEST_MARK": marker, "PYTHONPATH": os.pathsep.join(sys.path)}
     for variable in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
         env.pop(variable, None)
-    if launched != "alone":
-        env[launched] = "2"
-    rank = subprocess.Popen([sys.executable, str(script)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    env[launched] = "2"
+    command = [sys.executable, str(script), launched]
+    rank = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert rank.stdout is not None and rank.stdin is not None
         early, server, batches = rank.stdout.readline().split(" ", 2)
-        assert batches == "[[0.0, 1.0, 4.0, 9.0], [16.0, 25.0, 36.0, 49.0]]\n"
-        assert early == (server if launched != "alone" else "None")
+        assert early == server and batches == "[[0.0, 1.0, 4.0, 9.0], [16.0, 25.0, 36.0, 49.0]]\n"
         stat = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()
         assert int(stat[1]) == rank.pid
-        forked = b"forkserver" not in Path(f"/proc/{server}/cmdline").read_bytes()  # the rank's own command line
-        assert forked is (launched != "alone")
-        if forked:
-            assert (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") < 0.5  # CPU seconds: no import
+        assert b"forkserver" not in Path(f"/proc/{server}/cmdline").read_bytes()  # the rank's own command line
+        assert (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK") < 0.5  # CPU seconds: no import
         rank.stdin.write("\n")
         rank.stdin.flush()
         assert rank.wait(timeout=60) == 0
