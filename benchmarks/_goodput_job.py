@@ -218,7 +218,9 @@ def overhead(args: argparse.Namespace) -> None:
         SpotPreemption,
         StragglerDetector,
     )
+    from lightning_scale.data.forkserver import start_forkserver_early
 
+    start_forkserver_early()  # as the command's ranks do
     pl.seed_everything(0, verbose=False)
     # no durable save inside the timed steps
     checkpoint = ResumableCheckpoint(str(Path(args.out_dir) / "ckpt"), every_n_train_steps=10**9)
