@@ -28,7 +28,8 @@ def _signal_from_another_process(pids: list[int], name: str = "SIGTERM") -> None
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_shielded_workers_survive_job_signals_from_outside_and_the_loader_goes_on(context, capfd):
+def test_shielded_workers_survive_job_signals_from_outside_and_the_loader_goes_on(context, capfd, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # spawn workers that import torch start a thread (the suite sets 1)
     loader = _loader(None, context)
     assert shield_workers(loader, ("SIGTERM", "SIGUSR1"))
     iterator = iter(loader)
