@@ -4,9 +4,10 @@ python -m benchmarks._pipeline_job single WIDTH STEPS ROUNDS OUT.json
     one process: each round trains STEPS steps with a raw loop on 1 thread, on 2 threads, and with a stock Lightning
     Trainer on 1 thread (its training_step logs the loss, as pipeline_parallel does): Lightning's own cost per step
 torchrun --nproc-per-node=2 -m benchmarks._pipeline_job pipeline WIDTH MICROBATCHES STEPS ROUNDS OUT.json
-    each round trains STEPS steps with a raw torch.distributed.pipelining loop and STEPS with pipeline_parallel, in
-    the same processes, the order swapped every round: a pair measured seconds apart, which the drift of a shared
-    machine cannot tell apart (separate launches for each variant drifted by 10-30 % here)
+    each round trains STEPS steps with a raw torch.distributed.pipelining loop, STEPS with pipeline_parallel and STEPS
+    with pipeline_parallel without Lightning's per-step broadcast of rank 0's SIGTERM flag (``quiet``: as under the
+    command, whose SpotPreemption replaces it), in the same processes, the order rotated every round: measured seconds
+    apart, which the drift of a shared machine cannot tell apart (separate launches drifted by 10-30 % here)
 
 python -m benchmarks._pipeline_job memory WIDTH OUT.json
     one process, a stock Lightning Trainer on the whole model: its peak memory in a step (``_peak_memory.py``)
@@ -36,6 +37,7 @@ from benchmarks._common import rotated
 from benchmarks._peak_memory import PeakMemory
 from benchmarks._step_times import StepEnds, median_step
 from lightning_scale import distributed
+from lightning_scale._lightning_internals import skip_sigterm_broadcast
 from lightning_scale.strategies import PipelineParallelStrategy
 
 DEPTH, BATCH, WARMUP = 8, 64, 5
@@ -134,9 +136,20 @@ def memory(width: int, microbatches: int | None) -> dict[str, int]:
     return {"peak": peak.peak_bytes, "held": held.bytes}
 
 
-def ours(width: int, microbatches: int, steps: int) -> float:
+class NoSigtermBroadcast(pl.Callback):
+    """Lightning's training loop without its per-step broadcast of rank 0's SIGTERM flag (a collective every step)."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        skip_sigterm_broadcast(trainer)
+
+
+def ours(width: int, microbatches: int, steps: int, *callbacks: pl.Callback) -> float:
     strategy = PipelineParallelStrategy(schedule="1f1b", n_microbatches=microbatches)
-    return lightning(width, steps, devices=2, strategy=strategy)
+    return lightning(width, steps, *callbacks, devices=2, strategy=strategy)
+
+
+def quiet(width: int, microbatches: int, steps: int) -> float:
+    return ours(width, microbatches, steps, NoSigtermBroadcast())
 
 
 def main() -> None:
@@ -158,9 +171,9 @@ def main() -> None:
     else:
         microbatches, steps, rounds, out = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
         torch.distributed.init_process_group("gloo")
-        variants = {"raw": raw, "ours": ours}
+        variants = {"raw": raw, "ours": ours, "quiet": quiet}
         for index in range(rounds):
-            for variant in rotated(list(variants), index):  # raw first, then ours first, ...
+            for variant in rotated(list(variants), index):  # raw first, then ours first, then quiet first, ...
                 results.setdefault(variant, []).append(variants[variant](width, microbatches, steps))
     distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:

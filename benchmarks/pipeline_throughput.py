@@ -12,7 +12,9 @@ D=1024 (m=4), next to one process training the whole model, with the parameters 
 process, 1 thread, per step / p) / pipeline step: the share of the pipeline's time not spent on a perfect split of the
 work (schedule bubble plus transfers). Lightning's own cost per step is measured on one process: a stock Trainer on
 the same model (its training_step logs the loss, as pipeline_parallel does) minus the raw loop; compare it with ours
-minus raw.
+minus raw. Of ours minus raw, what Lightning's training loop spends on its per-step broadcast of rank 0's SIGTERM
+flag (a collective every step, which a raw loop does not run and the command's SpotPreemption replaces) is measured
+apart: ours minus ours without that broadcast, paired in the same rounds.
 """
 
 from __future__ import annotations
@@ -70,12 +72,15 @@ def main() -> None:
         for m in ms:
             pipes = run(["pipeline", str(width), str(m), str(steps), str(rounds)], STAGES)
             raw, ours = spread(pipes["raw"]), spread(pipes["ours"])
+            broadcast = [o - q for o, q in zip(pipes["ours"], pipes["quiet"], strict=True)]
             rows.append({
                 "width": width, "microbatches": m,
                 "single_1t_s": spread(singles["single"]), "single_2t_s": spread(singles["single-2t"]),
                 "raw_s": raw, "ours_s": ours, "lightning_1t_s": spread(singles["lightning"]),
                 # seconds a step over the raw loop: ours (2 processes, paired per round) and stock Lightning (1 process)
                 "ours_minus_raw_s": spread([o - r for r, o in zip(pipes["raw"], pipes["ours"], strict=True)]),
+                "ours_quiet_s": spread(pipes["quiet"]),  # without Lightning's per-step SIGTERM broadcast
+                "sigterm_broadcast_s": spread(broadcast),
                 "lightning_minus_raw_1p_s": lightning_cost,
                 # paired within each round (seconds apart, same processes), then the median over rounds
                 "ours_over_raw_throughput": paired_ratios([r / o for r, o in zip(pipes["raw"], pipes["ours"],
@@ -88,7 +93,7 @@ def main() -> None:
     print(f"pipeline throughput: 2 stages (gloo, 1 thread each), 1F1B, {rounds} rounds, medians; ms per step")
     print(f"{'D':>5} {'m':>2} {'1 proc 1t':>10} {'1 proc 2t':>10} {'raw':>8} {'ours':>8} {'ours/raw':>9} "
           f"{'bubble theory':>14} {'measured raw':>13} {'ours':>6} "
-          f"{'ours-raw':>9} {'Lightning-raw 1p':>17}")  # fmt: skip
+          f"{'ours-raw':>9} {'of it broadcast':>16} {'Lightning-raw 1p':>17}")  # fmt: skip
     for r in rows:
         print(
             f"{r['width']:>5} {r['microbatches']:>2} {r['single_1t_s']['median'] * 1e3:10.2f} "
@@ -96,7 +101,8 @@ def main() -> None:
             f"{r['ours_s']['median'] * 1e3:8.2f} "
             f"{r['ours_over_raw_throughput']['median']:9.3f} {r['bubble_theory']:14.2f} "
             f"{r['bubble_measured_raw']:13.2f} {r['bubble_measured_ours']:6.2f} "
-            f"{r['ours_minus_raw_s']['median'] * 1e3:9.2f} {r['lightning_minus_raw_1p_s']['median'] * 1e3:17.2f}"
+            f"{r['ours_minus_raw_s']['median'] * 1e3:9.2f} {r['sigterm_broadcast_s']['median'] * 1e3:16.2f} "
+            f"{r['lightning_minus_raw_1p_s']['median'] * 1e3:17.2f}"
         )
     for r in rows:
         r["holds"] = meets(r["ours_over_raw_throughput"], TARGET, at_most=False)
@@ -125,8 +131,10 @@ def rows(result: dict) -> list[Row]:
     for entry in result["rows"]:
         width, m, ratio = entry["width"], entry["microbatches"], entry["ours_over_raw_throughput"]
         extra, stock = entry["ours_minus_raw_s"]["median"] * 1e3, entry["lightning_minus_raw_1p_s"]["median"] * 1e3
+        broadcast = entry["sigterm_broadcast_s"]["median"] * 1e3
         measure = (f"throughput, pipeline_parallel / raw torch pipelining, D={width}, m={m}, 2 stages (ours - raw "
-                   f"{extra:.2f} ms a step; stock Lightning - raw loop, 1 process: {stock:.2f} ms)")  # fmt: skip
+                   f"{extra:.2f} ms a step, of which Lightning's per-step SIGTERM broadcast {broadcast:.2f} ms; stock "
+                   f"Lightning - raw loop, 1 process: {stock:.2f} ms)")  # fmt: skip
         rows.append(summary_row("pipeline_throughput", measure, ratio["median"], span_of(ratio), "x",
                         bound_text(ratio, 0.95, at_most=False), entry["holds"]))  # fmt: skip
         ideal, measured = 1 - entry["bubble_theory"], 1 - entry["bubble_measured_ours"]
@@ -151,12 +159,14 @@ def details(result: dict) -> str:
     rows = [
         [str(r["width"]), str(r["microbatches"]), md_ms(r["single_1t_s"]), md_ms(r["raw_s"]), md_ms(r["ours_s"]),
          md_ratio(r["ours_over_raw_throughput"]), f"{r['ours_minus_raw_s']['median'] * 1e3:.2f}",
+         f"{r['sigterm_broadcast_s']['median'] * 1e3:.2f}",
          f"{r['lightning_minus_raw_1p_s']['median'] * 1e3:.2f}",
          f"{r['bubble_theory']:.2f} / {r['bubble_measured_raw']:.2f} / {r['bubble_measured_ours']:.2f}"]
         for r in result["rows"]
     ]  # fmt: skip
     header = ["D", "m", "1 process ms", "raw ms", "ours ms", "ours / raw throughput, paired", "ours - raw ms",
-              "Lightning - raw ms (1 process)", "bubble: theory / raw / ours"]  # fmt: skip
+              "of it, Lightning's SIGTERM broadcast ms", "Lightning - raw ms (1 process)",
+              "bubble: theory / raw / ours"]  # fmt: skip
     memory = result["memory"]
     one, stages = memory["one_process"], memory["per_stage"]
     per_stage = ", ".join(f"{md_mb(peak)} (holds {md_mb(held)})" for peak, held in zip(stages["peak"], stages["held"],
