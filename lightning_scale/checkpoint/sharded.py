@@ -25,6 +25,7 @@ size and sha256 (:mod:`lightning_scale.checkpoint.manifest`), which rank 0 publi
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -46,6 +47,7 @@ from lightning_scale._torch_internals import FsspecReader, load_state_dict_in_on
 from lightning_scale.checkpoint.dcp_storage import store_writer
 from lightning_scale.checkpoint.rank_local import put_rank_local, take_rank_local
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
+from lightning_scale.errors import ConfigurationError
 
 __all__ = [
     "METADATA_FILE",
@@ -61,6 +63,7 @@ METADATA_FILE = "meta.pt"
 DCP_METADATA_FILE = ".metadata"
 SKELETON_KEY = "lightning_scale_sharded"
 _LIGHTNING_TENSORS = ("state_dict", "optimizer_states")
+_READ_HINT = ": a shard is damaged, or the storage failed; resume from (or consolidate) an intact checkpoint"
 
 Path = tuple[Any, ...]
 
@@ -100,16 +103,14 @@ def save_sharded(
 
 
 @contextmanager
-def _storage_errors(what: str) -> Iterator[None]:
+def _storage_errors(what: str, hint: str = "") -> Iterator[None]:
     """DCP's ``CheckpointException`` (a ``BaseException``: ``except Exception`` misses it, and its text is every
-    rank's traceback) as a ``CheckpointStorageError`` naming each failed rank's error."""
+    rank's traceback) as a ``CheckpointStorageError`` naming each failed rank's error, then ``hint``."""
     try:
         yield
     except CheckpointException as err:
-        failures = "; ".join(
-            f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in sorted(err.failures.items())
-        )
-        raise CheckpointStorageError(f"{what} failed ({failures})") from None
+        failures = "; ".join(f"rank {rank}: {_gist(exc)}" for rank, (exc, _) in sorted(err.failures.items()))
+        raise CheckpointStorageError(f"{what} failed ({failures}){hint}") from None
 
 
 def _rank_file(rank: int) -> str:
@@ -167,8 +168,34 @@ def is_sharded_checkpoint(path: str) -> bool:
 
 
 def _reader(store: CheckpointStore) -> dcp.StorageReader:
+    """A reader of the checkpoint in ``store``, whose ``.metadata`` has been read once: a damaged one is refused here,
+    naming it, before DCP falls back to other metadata files and logs each failure's traceback."""
     path = store.url("").rstrip("/")
-    return dcp.FileSystemReader(path) if store.is_local else FsspecReader(path)
+    reader = dcp.FileSystemReader(path) if store.is_local else FsspecReader(path)
+    with _damaged_file(store, DCP_METADATA_FILE):
+        reader.read_metadata()
+    return reader
+
+
+@contextmanager
+def _damaged_file(store: CheckpointStore, name: str) -> Iterator[None]:
+    """A file of the checkpoint that does not unpickle as a ``ConfigurationError`` naming it; an unreachable store
+    stays an ``OSError`` (an outage, worth retrying)."""
+    try:
+        yield
+    except (EOFError, pickle.UnpicklingError, RuntimeError, ValueError) as err:
+        raise ConfigurationError(
+            f"{store.url(name)} cannot be read ({_gist(err)}): the checkpoint is damaged; resume from (or "
+            "consolidate) an intact one."
+        ) from None
+
+
+def _gist(err: BaseException) -> str:
+    """``err``'s type and the first line of its text; for an unpickling error, torch's text is a page about
+    ``weights_only`` that asks to file an issue: only what happened."""
+    lines = [] if isinstance(err, pickle.UnpicklingError) else str(err).splitlines()
+    detail = lines[0][:200] if lines else "it ends early" if isinstance(err, EOFError) else "it does not unpickle"
+    return f"{type(err).__name__}: {detail}"
 
 
 def load_into_sharded_model(
@@ -183,13 +210,13 @@ def load_into_sharded_model(
     """
     store = CheckpointStore(path)
     model_state = {"state_dict": get_model_state_dict(module)}
-    with _storage_errors(f"Reading the model's shards from {path}"):
+    with _storage_errors(f"Reading the model's shards from {path}", _READ_HINT):
         dcp.load(model_state, storage_reader=_reader(store))
     module.load_state_dict(model_state["state_dict"], strict=strict)
     for index, optimizer in enumerate(optimizers):
         key = f"optimizer_{index}"
         optimizer_state = {key: get_optimizer_state_dict(module, optimizer)}
-        with _storage_errors(f"Reading the optimizer's shards from {path}"):
+        with _storage_errors(f"Reading the optimizer's shards from {path}", _READ_HINT):
             dcp.load(optimizer_state, storage_reader=_reader(store))
         set_optimizer_state_dict(module, optimizer, optimizer_state[key], options=StateDictOptions(cpu_offload=True))
     return _read_meta(store, weights_only)
@@ -199,7 +226,7 @@ def _read_meta(store: CheckpointStore, weights_only: bool | None) -> dict[str, A
     """``meta.pt``, each rank's values put back (:func:`~lightning_scale.checkpoint.rank_local.put_rank_local`)."""
 
     def read(name: str) -> Any:
-        with store.fs.open(store.path(name), "rb") as handle:
+        with store.fs.open(store.path(name), "rb") as handle, _damaged_file(store, name):
             return torch.load(handle, weights_only=weights_only, map_location="cpu")
 
     meta: dict[str, Any] = put_rank_local(read(METADATA_FILE), lambda rank: read(_rank_file(rank)))
@@ -212,7 +239,7 @@ def load_sharded(path: str, weights_only: bool | None = None) -> dict[str, Any]:
     store = CheckpointStore(path)
     reader = _reader(store)
     tensors: dict[str, Any] = {}  # filled from the checkpoint's own metadata, as dcp_to_torch_save does
-    with _storage_errors(f"Reading the shards of {path}"):
+    with _storage_errors(f"Reading the shards of {path}", _READ_HINT):
         load_state_dict_in_one_process(tensors, reader)
     meta = _read_meta(store, weights_only)
     if SKELETON_KEY not in meta:  # Lightning's layout

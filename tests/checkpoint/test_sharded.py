@@ -3,13 +3,15 @@ corruption detected per file, and consolidation into one file."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from examples.char_transformer import CharDataModule, CharTransformer
 from lightning_scale.callbacks import ResumableCheckpoint
 from lightning_scale.checkpoint import CheckpointStore, consolidate_checkpoint, find_newest_valid
-from lightning_scale.checkpoint.manifest import read_manifest
+from lightning_scale.checkpoint.manifest import manifest_name, read_manifest
 from lightning_scale.testing import assert_same_tensors
 from tests import fitting
 from tests.fitting import FirstStep
@@ -115,6 +117,37 @@ def test_consolidate_refuses_a_shard_its_manifest_does_not_vouch_for_and_never_r
     with pytest.raises(FileNotFoundError, match="is not a directory: create it first"):
         consolidate_checkpoint(step_5, tmp_path / "missing" / "one.ckpt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.parametrize(
+    ("damaged", "says"),
+    [
+        (
+            ".metadata",
+            r"step=5\.ckpt/\.metadata cannot be read \(UnpicklingError: it does not unpickle\): the checkpoint is",
+        ),
+        (
+            "meta.pt",
+            r"step=5\.ckpt/meta\.pt cannot be read \(UnpicklingError: it does not unpickle\): the checkpoint is",
+        ),
+        ("__0_0.distcp", r"Reading the shards of .*step=5\.ckpt failed \(rank 0: .*\): a shard is damaged"),
+    ],
+    ids=["dcp-metadata", "meta", "shard"],
+)
+def test_consolidating_a_damaged_checkpoint_without_a_manifest_names_what_is_damaged(
+    tmp_path, tiny_trainer_kwargs, capfd, damaged, says
+):
+    """As Lightning's own model_parallel writes them: no manifest to check first, so the files themselves are read."""
+    fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=5)
+    step_5 = tmp_path / "run" / "epoch=0-step=5.ckpt"
+    (tmp_path / "run" / manifest_name(step_5.name)).unlink()
+    target = step_5 / damaged
+    target.write_bytes(random.Random(0).randbytes(target.stat().st_size))
+    capfd.readouterr()
+    with pytest.raises((ValueError, OSError), match=says):
+        consolidate_checkpoint(step_5, tmp_path / "one.ckpt")
+    assert not (tmp_path / "one.ckpt").exists()
+    assert "Traceback" not in capfd.readouterr().err  # torch's fallback to other metadata files logs each failure's
 
 
 def test_save_last_replaces_the_last_directory_keeping_a_valid_copy_throughout(tmp_path, tiny_trainer_kwargs):

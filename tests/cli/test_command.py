@@ -18,6 +18,7 @@ import yaml
 from lightning.pytorch import Callback
 
 from examples.char_transformer import CharTransformer
+from lightning_scale.checkpoint.manifest import manifest_name
 from lightning_scale.cli import main
 from lightning_scale.errors import USAGE_ERROR_EXIT_CODE, ConfigurationError
 from lightning_scale.report.wandb_offline import history_values, read_records
@@ -193,7 +194,7 @@ def test_model_arguments_the_checkpoints_hyperparameters_replace_are_named(tmp_p
     )  # vocab_size is the same in both: not named
 
 
-def test_consolidate_writes_one_file_that_loads_into_the_model(tmp_path):
+def test_consolidate_writes_one_file_that_loads_into_the_model_and_names_a_damaged_file(tmp_path, capsys):
     done = lightning_scale(tmp_path, "fit", *EXAMPLE, *QUICK, "--cost=null", "--trainer.logger=false",
                            f"--trainer.default_root_dir={tmp_path}", f"--checkpoint.dirpath={tmp_path / 'ckpts'}",
                            "--checkpoint.sharded=true", "--checkpoint.every_n_train_steps=6")  # fmt: skip
@@ -204,6 +205,13 @@ def test_consolidate_writes_one_file_that_loads_into_the_model(tmp_path):
     assert done.returncode == 0, output(done)[-3000:]
     state = torch.load(tmp_path / "one.ckpt", weights_only=False)["state_dict"]
     CharTransformer(vocab_size=64).load_state_dict(state, strict=True)
+
+    # without its manifest (as Lightning's own model_parallel writes it), a damaged meta.pt is read and refused
+    (sharded.parent / manifest_name(sharded.name)).unlink()
+    (sharded / "meta.pt").write_bytes(b"\x80\x02damaged")
+    code, _, err = in_process(capsys, "consolidate", str(sharded), str(tmp_path / "two.ckpt"))
+    assert code == 2 and f"{sharded / 'meta.pt'} cannot be read (UnpicklingError: it does not unpickle)" in err, err
+    assert "Traceback" not in err and "file an issue" not in err and not (tmp_path / "two.ckpt").exists()
 
 
 @pytest.mark.multiprocess
