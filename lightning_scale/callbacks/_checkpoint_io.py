@@ -16,6 +16,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_scale._lightning_internals import load_checkpoints_with
+from lightning_scale.checkpoint.damaged import named_if_unreadable
 from lightning_scale.checkpoint.sharded import is_sharded_checkpoint, load_into_sharded_model, load_sharded
 from lightning_scale.checkpoint.store import CheckpointStore
 from lightning_scale.errors import ConfigurationError
@@ -54,7 +55,8 @@ class ShardedAwareCheckpointIO(CheckpointIO):
             if self.merge_zero_shares:
                 checkpoint["optimizer_states"] = [whole_state_dict(s) for s in checkpoint.get("optimizer_states", [])]
             return checkpoint
-        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        with named_if_unreadable(str(path)):
+            return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         self.inner.remove_checkpoint(path)

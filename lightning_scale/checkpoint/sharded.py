@@ -25,7 +25,6 @@ size and sha256 (:mod:`lightning_scale.checkpoint.manifest`), which rank 0 publi
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -44,10 +43,10 @@ from torch.optim import Optimizer
 
 from lightning_scale import distributed
 from lightning_scale._torch_internals import FsspecReader, load_state_dict_in_one_process
+from lightning_scale.checkpoint.damaged import gist, named_if_unreadable
 from lightning_scale.checkpoint.dcp_storage import store_writer
 from lightning_scale.checkpoint.rank_local import put_rank_local, take_rank_local
 from lightning_scale.checkpoint.store import CheckpointStorageError, CheckpointStore
-from lightning_scale.errors import ConfigurationError
 
 __all__ = [
     "METADATA_FILE",
@@ -109,7 +108,7 @@ def _storage_errors(what: str, hint: str = "") -> Iterator[None]:
     try:
         yield
     except CheckpointException as err:
-        failures = "; ".join(f"rank {rank}: {_gist(exc)}" for rank, (exc, _) in sorted(err.failures.items()))
+        failures = "; ".join(f"rank {rank}: {gist(exc)}" for rank, (exc, _) in sorted(err.failures.items()))
         raise CheckpointStorageError(f"{what} failed ({failures}){hint}") from None
 
 
@@ -172,30 +171,9 @@ def _reader(store: CheckpointStore) -> dcp.StorageReader:
     naming it, before DCP falls back to other metadata files and logs each failure's traceback."""
     path = store.url("").rstrip("/")
     reader = dcp.FileSystemReader(path) if store.is_local else FsspecReader(path)
-    with _damaged_file(store, DCP_METADATA_FILE):
+    with named_if_unreadable(store.url(DCP_METADATA_FILE)):
         reader.read_metadata()
     return reader
-
-
-@contextmanager
-def _damaged_file(store: CheckpointStore, name: str) -> Iterator[None]:
-    """A file of the checkpoint that does not unpickle as a ``ConfigurationError`` naming it; an unreachable store
-    stays an ``OSError`` (an outage, worth retrying)."""
-    try:
-        yield
-    except (EOFError, pickle.UnpicklingError, RuntimeError, ValueError) as err:
-        raise ConfigurationError(
-            f"{store.url(name)} cannot be read ({_gist(err)}): the checkpoint is damaged; resume from (or "
-            "consolidate) an intact one."
-        ) from None
-
-
-def _gist(err: BaseException) -> str:
-    """``err``'s type and the first line of its text; for an unpickling error, torch's text is a page about
-    ``weights_only`` that asks to file an issue: only what happened."""
-    lines = [] if isinstance(err, pickle.UnpicklingError) else str(err).splitlines()
-    detail = lines[0][:200] if lines else "it ends early" if isinstance(err, EOFError) else "it does not unpickle"
-    return f"{type(err).__name__}: {detail}"
 
 
 def load_into_sharded_model(
@@ -226,7 +204,7 @@ def _read_meta(store: CheckpointStore, weights_only: bool | None) -> dict[str, A
     """``meta.pt``, each rank's values put back (:func:`~lightning_scale.checkpoint.rank_local.put_rank_local`)."""
 
     def read(name: str) -> Any:
-        with store.fs.open(store.path(name), "rb") as handle, _damaged_file(store, name):
+        with store.fs.open(store.path(name), "rb") as handle, named_if_unreadable(store.url(name)):
             return torch.load(handle, weights_only=weights_only, map_location="cpu")
 
     meta: dict[str, Any] = put_rank_local(read(METADATA_FILE), lambda rank: read(_rank_file(rank)))

@@ -24,6 +24,7 @@ from lightning_scale.callbacks import (
     SpotPreemption,
     StragglerDetector,
 )
+from lightning_scale.checkpoint.damaged import gist
 from lightning_scale.cli.consolidate import CONSOLIDATE_HELP
 from lightning_scale.cli.progress_bar import ScaleProgressBar
 from lightning_scale.cli.report import REPORT_HELP
@@ -85,10 +86,8 @@ class ScaleCLI(LightningCLI):
         try:
             super()._parse_ckpt_path()
         except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
-            # torch's own text for an unpickling error is a page about weights_only: only its gist here
-            detail = "with weights_only=True" if isinstance(err, pickle.UnpicklingError) else str(err).splitlines()[0]
             raise ConfigurationError(
-                f"--ckpt_path {path} cannot be loaded ({type(err).__name__}: {detail[:200]}): it is damaged, not a "
+                f"--ckpt_path {path} cannot be loaded ({gist(err)}): it is damaged, not a "
                 "checkpoint, or holds objects torch.load refuses; pass another, or leave --ckpt_path out to resume "
                 "from the newest valid one in --checkpoint.dirpath."
             ) from None

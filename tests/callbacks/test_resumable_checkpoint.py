@@ -201,6 +201,22 @@ def test_ckpt_path_last_picks_the_newest_valid_checkpoint(tmp_path, tiny_trainer
     assert first_step == 5
 
 
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [(b"", "EOFError: it ends early"), (bytes(range(256)) * 8, "UnpicklingError: it does not unpickle")],
+    ids=["empty", "random-bytes"],
+)
+def test_a_damaged_ckpt_path_is_named_in_one_line_and_the_directory_left_as_it_was(
+    tmp_path, tiny_trainer_kwargs, content, says
+):
+    damaged = tmp_path / "given.ckpt"
+    damaged.write_bytes(content)
+    with pytest.raises(UsageError, match=rf"{re.escape(str(damaged))} cannot be read \({says}\): the checkpoint is"):
+        fit(tmp_path / "run", tiny_trainer_kwargs, max_steps=4, every_n_train_steps=2, ckpt_path=str(damaged))
+    assert damaged.read_bytes() == content
+    assert not (tmp_path / "run").exists() or ckpt_names(tmp_path / "run") == []  # refused before any training
+
+
 def test_monitor_keeps_the_best_k_like_model_checkpoint(tmp_path, tiny_trainer_kwargs):
     _, _, checkpoint, _ = fit(
         tmp_path, tiny_trainer_kwargs, max_steps=10, every_n_train_steps=2, monitor="train_loss", save_top_k=2
